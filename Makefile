@@ -1,0 +1,32 @@
+# Two commands for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TOY_DIR ?= toy_world
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+.PHONY: setup test test-fast demo clean
+
+setup: $(STAMP)
+
+# torch is pinned first so that pip takes this machine's local CPU build; the project's
+# own range (torch>=2.13.0) is then already satisfied and pulls nothing more.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(OFFLINE) $(PY) -m pytest -q -rs
+
+test-fast: $(STAMP)
+	$(OFFLINE) $(PY) -m pytest -q -m "not slow"
+
+demo: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/logitcomp toy build $(TOY_DIR) --if-missing
+
+clean:
+	rm -rf $(VENV) $(TOY_DIR) .pytest_cache

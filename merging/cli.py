@@ -1,0 +1,93 @@
+"""The `logitcomp` command line: parse, validate, call one function, print.
+
+Every user-facing failure is one line on stderr and a non-zero exit; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+log = logging.getLogger("logitcomp")
+
+
+def _toy_build(args: argparse.Namespace) -> int:
+    from .toy import ACCURACY_BAR, ToyConfig, ToyWorld, build_toy_world
+
+    overrides = {"variant": args.variant, "seed": args.seed}
+    config = ToyConfig.fast(**overrides) if args.fast else ToyConfig(**overrides)
+    root = Path(args.dir)
+    if args.if_missing and (root / "toy.json").exists():
+        world = ToyWorld.load(root)
+        if world.config != config:
+            raise ValueError(
+                f"{root / 'toy.json'}: holds a toy world built with another configuration "
+                f"({world.config.variant}, seed {world.config.seed}); pass --force to rebuild it"
+            )
+        print(f"toy world already built in {root} (pass --force to rebuild)")
+    else:
+        world = build_toy_world(root, config, force=args.force)
+    _print_world(world, ACCURACY_BAR)
+    return 0
+
+
+def _print_world(world, bar: float) -> None:
+    tasks = world.extra.get("accuracy_tasks", {})
+    print(f"\ntoy world: {world.root}  variant={world.config.variant}  seed={world.config.seed}")
+    print(f"{'model':<8} {'own task':<10} {'exact match':>11}")
+    for name, acc in world.accuracy.items():
+        flag = "" if acc >= bar else f"  (below the {bar:.0%} bar)"
+        print(f"{name:<8} {tasks.get(name, ''):<10} {acc:>11.1%}{flag}")
+    print(f"build time {world.build_seconds:.1f} s   checksum {world.checksums['world'][:16]}")
+
+
+def _toy_tasks(args: argparse.Namespace) -> int:
+    from .toy import write_task_files
+
+    for path in write_task_files(Path(args.dir)):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `logitcomp` console script."""
+    parser = argparse.ArgumentParser(prog="logitcomp", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    toy = sub.add_parser("toy", help="the embedded letter-substitution world").add_subparsers(dest="toy_command", required=True)
+    build = toy.add_parser("build", help="train the toy base and its LoRA experts into DIR")
+    build.add_argument("dir", metavar="DIR")
+    build.add_argument("--variant", default="factorised", help="factorised (default) or entangled")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--fast", action="store_true", help="seconds-long build of tiny, barely trained models (tests)")
+    build.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
+    build.add_argument("--if-missing", action="store_true", help="reuse DIR when it already holds this world")
+    build.set_defaults(func=_toy_build)
+    tasks = toy.add_parser("tasks", help="write the toy lm-eval tasks (jsonl + YAML) into DIR")
+    tasks.add_argument("dir", metavar="DIR")
+    tasks.set_defaults(func=_toy_tasks)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `logitcomp` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-file "Loading weights" bars drown our own progress
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"logitcomp: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

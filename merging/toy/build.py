@@ -1,0 +1,211 @@
+"""Build the toy world: a base that copies strings and LoRA experts that each replace a letter.
+
+Layout written by `build_toy_world(DIR)`:
+    DIR/base/                 Llama model + tokenizer (safetensors)
+    DIR/experts/<rule>/       peft LoRA adapter of DIR/base
+    DIR/toy.json              variant, seeds, sizes, build time, accuracies, checksums
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .data import RULES, TASKS, make_eval_set
+from .evaluate import exact_match
+from .tokenizer import make_tokenizer
+from .train import TrainSettings, make_base_model, train_base, train_expert
+
+log = logging.getLogger(__name__)
+VARIANTS = {"factorised": 0.25, "entangled": 0.0}  # variant -> share of answer letters corrupted
+ACCURACY_BAR = 0.99
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """Everything that determines the toy world's weights.
+
+    Args:
+        variant: `factorised` trains base and experts to copy by position, robust to changed
+            letters in the prefix (a share of the fed-back answer letters is randomised while
+            the targets stay clean); `entangled` uses plain teacher forcing.
+        seed: seeds model init and data; the same seed on the same machine gives the same weights.
+    """
+
+    variant: str = "factorised"
+    seed: int = 0
+    experts: tuple[str, ...] = ("a2b", "c2d", "e2f")
+    hidden_size: int = 128
+    num_layers: int = 2
+    base_steps: int = 1500
+    expert_steps: int = 400
+    batch_size: int = 64
+    base_lr: float = 3e-3
+    expert_lr: float = 2e-3
+    lora_rank: int = 8
+    eval_size: int = 200
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant: expected one of {sorted(VARIANTS)}, got {self.variant!r}")
+        unknown = [e for e in self.experts if e not in RULES]
+        if unknown or not self.experts:
+            raise ValueError(f"experts: expected a non-empty subset of {sorted(RULES)}, got {list(self.experts)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", "float") and not value > 0 and f.name != "seed":
+                raise ValueError(f"{f.name}: expected a positive number, got {value!r}")
+
+    @classmethod
+    def fast(cls, **overrides) -> ToyConfig:
+        """A seconds-long build for tests: same files, untrained-quality models."""
+        small = dict(hidden_size=32, num_layers=1, base_steps=20, expert_steps=5, batch_size=8, eval_size=16)
+        return cls(**{**small, **overrides})
+
+
+@dataclass
+class ToyWorld:
+    """What a build produced (the parsed toy.json)."""
+
+    root: Path
+    config: ToyConfig
+    accuracy: dict[str, float]
+    checksums: dict[str, str]
+    build_seconds: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def base(self) -> Path:
+        return self.root / "base"
+
+    def expert(self, name: str) -> Path:
+        return self.root / "experts" / name
+
+    @classmethod
+    def load(cls, root: Path) -> ToyWorld:
+        """Read DIR/toy.json. Raises FileNotFoundError when DIR holds no toy world."""
+        meta = json.loads((Path(root) / "toy.json").read_text())
+        config = ToyConfig(**{**meta["config"], "experts": tuple(meta["config"]["experts"])})
+        return cls(Path(root), config, meta["accuracy"], meta["checksums"], meta["build_seconds"], meta)
+
+
+def tensor_checksum(path: Path) -> str:
+    """sha256 over a safetensors file's tensors (names and bytes, sorted by name)."""
+    h = hashlib.sha256()
+    with safe_open(str(path), framework="pt") as f:
+        for name in sorted(f.keys()):
+            h.update(name.encode())
+            h.update(f.get_tensor(name).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _own_task(model_name: str) -> str:
+    return "identity" if model_name == "base" else model_name
+
+
+def _point_adapter_at(adapter_dir: Path, base_dir: Path) -> None:
+    """Record the final base location in adapter_config.json (peft wrote the build's temp path)."""
+    cfg_path = adapter_dir / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = str(base_dir.resolve())
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _evaluate(tmp: Path, config: ToyConfig) -> dict[str, float]:
+    """Reload every saved model from disk and score it on its own task."""
+    tasks = {t.name: t for t in TASKS}
+    tokenizer = AutoTokenizer.from_pretrained(tmp / "base")
+    accuracy = {}
+    for name in ("base", *config.experts):
+        model = AutoModelForCausalLM.from_pretrained(tmp / "base")
+        if name != "base":
+            model = PeftModel.from_pretrained(model, tmp / "experts" / name)
+        docs = make_eval_set(tasks[_own_task(name)], size=config.eval_size)
+        accuracy[name] = exact_match(model.eval(), tokenizer, docs)
+        log.info("%s: exact match %.4f on %s", name, accuracy[name], _own_task(name))
+    return accuracy
+
+
+def _train_all(tmp: Path, config: ToyConfig) -> dict[str, float]:
+    corrupt = VARIANTS[config.variant]
+    tokenizer = make_tokenizer()
+    torch.manual_seed(config.seed)
+    base = make_base_model(tokenizer, config.hidden_size, config.num_layers)
+    losses = {"base": train_base(base, tokenizer, TrainSettings(config.base_steps, config.batch_size, config.base_lr, corrupt), config.seed)}
+    base.save_pretrained(tmp / "base")
+    tokenizer.save_pretrained(tmp / "base")
+    settings = TrainSettings(config.expert_steps, config.batch_size, config.expert_lr, corrupt)
+    for i, rule in enumerate(config.experts):
+        fresh = AutoModelForCausalLM.from_pretrained(tmp / "base")
+        expert, losses[rule] = train_expert(fresh, tokenizer, rule, settings, config.seed + 1 + i, config.lora_rank)
+        expert.save_pretrained(tmp / "experts" / rule)
+    return losses
+
+
+def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = False) -> ToyWorld:
+    """Train and save the toy world into `root`, atomically.
+
+    Everything is built in a temporary sibling folder and renamed into place at the end, so an
+    interrupted build leaves nothing half-written.
+
+    Raises:
+        FileExistsError: `root` is a non-empty folder and `force` is False.
+    """
+    root = Path(root).resolve()
+    if root.exists() and any(root.iterdir()) and not force:
+        raise FileExistsError(f"{root}: folder is not empty; choose another DIR or pass --force to replace it")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
+    try:
+        losses = _train_all(tmp, config)
+        for rule in config.experts:
+            _point_adapter_at(tmp / "experts" / rule, root / "base")
+        accuracy = _evaluate(tmp, config)
+        checksums = {"base": tensor_checksum(tmp / "base" / "model.safetensors")}
+        for rule in config.experts:
+            checksums[rule] = tensor_checksum(tmp / "experts" / rule / "adapter_model.safetensors")
+        checksums["world"] = hashlib.sha256("".join(checksums.values()).encode()).hexdigest()
+        build_seconds = time.perf_counter() - start
+        meta = {
+            "variant": config.variant,
+            "config": asdict(config),
+            "seeds": {"base": config.seed, **{r: config.seed + 1 + i for i, r in enumerate(config.experts)}},
+            "sizes": _sizes(tmp, config),
+            "accuracy": accuracy,
+            "accuracy_tasks": {m: _own_task(m) for m in accuracy},
+            "final_train_loss": losses,
+            "checksums": checksums,
+            "build_seconds": round(build_seconds, 1),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        }
+        (tmp / "toy.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if root.exists():
+            shutil.rmtree(root)
+        os.replace(tmp, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ToyWorld.load(root)
+
+
+def _sizes(tmp: Path, config: ToyConfig) -> dict:
+    base = AutoModelForCausalLM.from_pretrained(tmp / "base")
+    sizes = {"base_parameters": sum(p.numel() for p in base.parameters()), "vocab_size": base.config.vocab_size}
+    for rule in config.experts:
+        with safe_open(str(tmp / "experts" / rule / "adapter_model.safetensors"), framework="pt") as f:
+            sizes[f"{rule}_lora_parameters"] = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return sizes

@@ -1,0 +1,36 @@
+"""Greedy exact-match accuracy with plain transformers/peft generation."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .data import prompt_of
+
+
+@torch.no_grad()
+def exact_match(model, tokenizer: PreTrainedTokenizerBase, docs: list[dict]) -> float:
+    """Share of docs whose greedy continuation is exactly the target followed by EOS.
+
+    Prompts are grouped by length so that no batch needs padding.
+    """
+    groups: dict[int, list[dict]] = defaultdict(list)
+    for d in docs:
+        groups[len(d["input"])].append(d)
+    correct = 0
+    for length, group in groups.items():
+        ids = tokenizer([prompt_of(d["input"]) for d in group], return_tensors="pt").input_ids  # (B, T)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=length + 2,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )  # (B, T + new)
+        for d, row in zip(group, out[:, ids.shape[1] :].tolist()):
+            expected = tokenizer(d["target"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            correct += row[: len(expected)] == expected
+    return correct / len(docs)

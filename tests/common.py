@@ -1,0 +1,69 @@
+"""Tiny random models for unit tests (a few thousand parameters), after mergekit's make_picollama."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from merging.toy import make_tokenizer
+
+# name -> LoRA settings; different ranks, alphas, scalings and target modules on purpose
+TINY_ADAPTERS = {
+    "a": dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]),
+    "b": dict(r=4, lora_alpha=2, target_modules=["q_proj", "k_proj", "o_proj", "gate_proj"]),
+    "c": dict(r=3, lora_alpha=6, target_modules=["up_proj", "down_proj", "v_proj"], use_rslora=True),
+}
+
+
+def make_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
+    """Save a random 2-layer Llama (hidden 16) with the toy tokenizer into `out_dir`."""
+    tokenizer = make_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # the default init (std 0.02) makes every distribution near-uniform
+        for p in model.parameters():
+            p.normal_(0.0, 0.5) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def make_tiny_lora(base_dir: Path, out_dir: Path, seed: int, **lora_kwargs) -> Path:
+    """Save a LoRA adapter of `base_dir` with random, non-zero A and B (peft zeroes B at init)."""
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    model = get_peft_model(base, LoraConfig(lora_dropout=0.0, **lora_kwargs))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def make_tiny_full_expert(base_dir: Path, out_dir: Path, seed: int) -> Path:
+    """Save a full fine-tune stand-in: every weight of the base plus small random noise."""
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.save_pretrained(out_dir)
+    make_tokenizer().save_pretrained(out_dir)
+    return Path(out_dir)

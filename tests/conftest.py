@@ -1,0 +1,57 @@
+"""Session fixtures: tiny random models built once per test session in a temp dir."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from common import TINY_ADAPTERS, make_tiny_full_expert, make_tiny_llama, make_tiny_lora  # noqa: E402
+
+
+@dataclass(frozen=True)
+class TinyWorld:
+    """Paths of a tiny random base, its LoRA adapters and a full-model expert."""
+
+    base: Path
+    adapters: dict[str, Path]
+    full_expert: Path
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> TinyWorld:
+    root = tmp_path_factory.mktemp("tiny")
+    base = make_tiny_llama(root / "base")
+    adapters = {
+        name: make_tiny_lora(base, root / "adapters" / name, seed=i + 1, **kwargs)
+        for i, (name, kwargs) in enumerate(TINY_ADAPTERS.items())
+    }
+    return TinyWorld(base, adapters, make_tiny_full_expert(base, root / "full", seed=7))
+
+
+def _toy_world(tmp_path_factory, variant: str):
+    """The full toy world, built once per session (or reused from $LOGITCOMP_TOY_<VARIANT>)."""
+    from merging.toy import ToyConfig, ToyWorld, build_toy_world
+
+    reuse = os.environ.get(f"LOGITCOMP_TOY_{variant.upper()}")
+    if reuse:
+        world = ToyWorld.load(Path(reuse))
+        assert world.config == ToyConfig(variant=variant), f"{reuse} holds another toy configuration"
+        return world
+    return build_toy_world(tmp_path_factory.mktemp(f"toy-{variant}") / "world", ToyConfig(variant=variant))
+
+
+@pytest.fixture(scope="session")
+def toy_factorised(tmp_path_factory):
+    return _toy_world(tmp_path_factory, "factorised")
+
+
+@pytest.fixture(scope="session")
+def toy_entangled(tmp_path_factory):
+    return _toy_world(tmp_path_factory, "entangled")

@@ -1,0 +1,115 @@
+"""Fast-mode toy builds: every saved file reloads, builds are reproducible and atomic, bad input fails cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from merging.cli import main
+from merging.toy import ToyConfig, ToyWorld, build_toy_world
+
+
+@pytest.fixture(scope="module")
+def fast_world(tmp_path_factory) -> ToyWorld:
+    return build_toy_world(tmp_path_factory.mktemp("fast") / "world", ToyConfig.fast())
+
+
+def test_every_saved_file_reloads(fast_world):
+    tokenizer = AutoTokenizer.from_pretrained(fast_world.base)
+    text = "ABCAPE>BBDBPF"
+    assert tokenizer.decode(tokenizer(text).input_ids, skip_special_tokens=True) == text
+    ids = tokenizer(text, return_tensors="pt").input_ids  # (1, T)
+    base = AutoModelForCausalLM.from_pretrained(fast_world.base)
+    base_logits = base(ids).logits  # (1, T, V)
+    assert base_logits.shape == (1, len(text) + 1, len(tokenizer))
+    for rule in ("a2b", "c2d", "e2f"):
+        adapter_dir = fast_world.expert(rule)
+        assert (adapter_dir / "adapter_model.safetensors").exists()
+        assert not list(adapter_dir.glob("*.bin"))
+        cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+        assert cfg["base_model_name_or_path"] == str(fast_world.base)
+        expert = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(fast_world.base), adapter_dir)
+        assert (expert(ids).logits - base_logits).abs().max() > 0  # trained away from the base
+
+
+def test_toy_json_records_the_build(fast_world):
+    meta = json.loads((fast_world.root / "toy.json").read_text())
+    assert meta["variant"] == "factorised"
+    assert set(meta["accuracy"]) == {"base", "a2b", "c2d", "e2f"}
+    assert meta["accuracy_tasks"]["base"] == "identity" and meta["accuracy_tasks"]["c2d"] == "c2d"
+    assert meta["sizes"]["base_parameters"] > 0 and meta["sizes"]["a2b_lora_parameters"] > 0
+    assert meta["build_seconds"] > 0 and len(meta["checksums"]["world"]) == 64
+    assert set(meta["seeds"]) == {"base", "a2b", "c2d", "e2f"}
+
+
+def test_same_seed_same_weights_other_seed_other_weights(fast_world, tmp_path):
+    again = build_toy_world(tmp_path / "again", ToyConfig.fast())
+    assert again.checksums == fast_world.checksums
+    assert again.accuracy == fast_world.accuracy
+    other = build_toy_world(tmp_path / "other", ToyConfig.fast(seed=1))
+    assert other.checksums["base"] != fast_world.checksums["base"]
+
+
+def test_entangled_variant_builds(tmp_path):
+    world = build_toy_world(tmp_path / "ent", ToyConfig.fast(variant="entangled", experts=("a2b",)))
+    assert world.config.variant == "entangled" and set(world.accuracy) == {"base", "a2b"}
+
+
+def test_non_empty_folder_is_refused_and_left_alone(tmp_path):
+    target = tmp_path / "busy"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not empty"):
+        build_toy_world(target, ToyConfig.fast())
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+
+
+def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
+    import merging.toy.build as build
+
+    def boom(*_args, **_kwargs):
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(build, "_evaluate", boom)
+    with pytest.raises(RuntimeError):
+        build_toy_world(tmp_path / "world", ToyConfig.fast())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("variant", "tangled"), ("experts", ("x2y",)), ("base_steps", 0), ("base_lr", -1.0)]
+)
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=f"^{field}: expected"):
+        ToyConfig(**{field: value})
+
+
+def test_cli_bad_variant_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "merging.cli", "toy", "build", str(tmp_path / "w"), "--variant", "tangled"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "logitcomp: error: variant: expected one of ['entangled', 'factorised'], got 'tangled'"
+    assert not (tmp_path / "w").exists()
+
+
+def test_cli_reuses_a_built_world(fast_world, capsys):
+    assert main(["-q", "toy", "build", str(fast_world.root), "--fast", "--if-missing"]) == 0
+    out = capsys.readouterr().out
+    assert "already built" in out and fast_world.checksums["world"][:16] in out
+    assert main(["-q", "toy", "build", str(fast_world.root), "--fast", "--seed", "3", "--if-missing"]) == 2
+    assert "another configuration" in capsys.readouterr().err
+
+
+def test_cli_build_prints_accuracy_and_time(tmp_path, capsys):
+    assert main(["-q", "toy", "build", str(tmp_path / "w"), "--fast"]) == 0
+    out = capsys.readouterr().out
+    for name in ("base", "a2b", "c2d", "e2f", "build time", "checksum"):
+        assert name in out
