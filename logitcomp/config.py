@@ -1,0 +1,59 @@
+"""Options of a composition, validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .ops import DEFAULT_FLOOR, EOS_POLICIES, check_weights
+
+
+@dataclass
+class CompositionConfig:
+    """How experts are composed with their base.
+
+    Args:
+        weights: expert name -> weight w_i (1.0 for every expert left out: the paper's rule;
+            negative weights make anti-experts).
+        floor: log-probs are clamped here before the log-ratios are taken (the paper used -1e4).
+        eos_policy: how EOS is scored: `compose` (the composition, as in the paper), `base` (the
+            base alone), `any` (max over base and experts), `all` (min over base and experts).
+            The paper reports termination instability with more than two experts.
+        masks: expert name -> token ids on which its log-ratio applies (the paper's factorised
+            conditionals); experts left out apply everywhere.
+        trace: forward also returns each expert's activity KL(p_i ‖ p_b) and the composed entropy.
+    """
+
+    weights: dict[str, float] = field(default_factory=dict)
+    floor: float = DEFAULT_FLOOR
+    eos_policy: str = "compose"
+    masks: dict[str, list[int]] = field(default_factory=dict)
+    trace: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.weights, dict):
+            raise ValueError(f"weights: expected a mapping of expert name to number, got {self.weights!r}")
+        self.weights = dict(zip(self.weights, check_weights(list(self.weights.values()), list(self.weights))))
+        if isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not (math.isfinite(self.floor) and self.floor < 0):
+            raise ValueError(f"floor: expected a finite negative number, got {self.floor!r}")
+        if self.eos_policy not in EOS_POLICIES:
+            raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {self.eos_policy!r}")
+        if not isinstance(self.masks, dict):
+            raise ValueError(f"masks: expected a mapping of expert name to token ids, got {self.masks!r}")
+        for name, ids in self.masks.items():
+            if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                raise ValueError(f"masks[{name!r}]: expected a list of non-negative token ids, got {ids!r}")
+        self.masks = {name: list(ids) for name, ids in self.masks.items()}
+
+    def check_experts(self, names: list[str]) -> None:
+        """Raise ValueError when weights or masks name an expert that is not composed."""
+        for key, table in (("weights", self.weights), ("masks", self.masks)):
+            unknown = sorted(set(table) - set(names))
+            if unknown:
+                raise ValueError(f"{key}: unknown expert {unknown[0]!r}; the experts are {names}")
+
+    def weight(self, name: str) -> float:
+        return self.weights.get(name, 1.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

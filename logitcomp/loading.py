@@ -1,0 +1,106 @@
+"""Load a base and its experts from folders, refusing what cannot be composed exactly or safely.
+
+An expert folder is either a peft LoRA adapter (`adapter_config.json`) of the base, loaded into
+the base's PeftModel, or a full model (`config.json`) that shares the base's vocabulary.
+Weights load from safetensors; pickled weights and remote code need an explicit opt-in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How models are read from disk."""
+
+    dtype: torch.dtype | None = None
+    device: str | torch.device | None = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+
+def expert_kind(name: str, path: Path) -> str:
+    """`lora` or `full`. Raises ValueError naming the expert when the folder is neither."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"expert {name!r}: {path} is not a folder")
+    if (path / "adapter_config.json").is_file():
+        return "lora"
+    if (path / "config.json").is_file():
+        return "full"
+    raise ValueError(f"expert {name!r}: {path} is neither a peft adapter (adapter_config.json) nor a model folder (config.json)")
+
+
+def _check_safe(label: str, path: Path, allow_pickle: bool) -> None:
+    if allow_pickle or list(path.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+    what = f"only pickled weights ({', '.join(pickled)})" if pickled else "no .safetensors weights"
+    raise ValueError(f"{label}: {path} has {what}; convert to safetensors or opt in with allow_pickle")
+
+
+def load_model(label: str, path: Path, options: LoadOptions):
+    """A causal LM from a folder, safetensors unless `allow_pickle`."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{label}: {path} is not a model folder (no config.json)")
+    _check_safe(label, path, options.allow_pickle)
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=options.dtype,
+        use_safetensors=None if options.allow_pickle else True,
+        trust_remote_code=options.trust_remote_code,
+    )
+    return model.to(options.device) if options.device is not None else model
+
+
+def _fingerprint(model_dir: Path) -> tuple:
+    """What identifies a local model folder cheaply: its config and its weight files' sizes."""
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("_name_or_path", None)
+    sizes = sorted((p.name, p.stat().st_size) for p in model_dir.glob("*.safetensors"))
+    return json.dumps(config, sort_keys=True), tuple(sizes)
+
+
+def check_adapter_base(name: str, adapter_dir: Path, base_dir: Path) -> None:
+    """Refuse an adapter whose recorded base is another local model than `base_dir`."""
+    recorded = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not recorded or not Path(recorded).is_dir() or Path(recorded).resolve() == Path(base_dir).resolve():
+        return
+    if (Path(recorded) / "config.json").is_file() and _fingerprint(Path(recorded)) == _fingerprint(Path(base_dir)):
+        return  # a copy of the same base
+    raise ValueError(f"expert {name!r}: {adapter_dir} is an adapter of {recorded}, not of the base {base_dir}")
+
+
+def attach_lora(model, name: str, adapter_dir: Path, base_dir: Path, options: LoadOptions):
+    """Load adapter `name` into `model` (a PeftModel after the first). Returns the PeftModel."""
+    check_adapter_base(name, adapter_dir, base_dir)
+    _check_safe(f"expert {name!r}", adapter_dir, options.allow_pickle)
+    try:
+        if isinstance(model, PeftModel):
+            model.load_adapter(adapter_dir, adapter_name=name, is_trainable=False)
+            return model
+        return PeftModel.from_pretrained(model, adapter_dir, adapter_name=name, is_trainable=False)
+    except RuntimeError as exc:  # torch's "size mismatch for ..." when the shapes disagree
+        first = str(exc).strip().splitlines()
+        raise ValueError(f"expert {name!r}: {adapter_dir} does not fit the base {base_dir} ({first[-1] if first else exc})") from exc
+
+
+def check_same_vocabulary(name: str, expert_dir: Path, base_dir: Path, expert_model, base_model) -> None:
+    """Refuse a full-model expert whose vocabulary differs from the base's."""
+    v_expert, v_base = expert_model.config.get_text_config().vocab_size, base_model.config.get_text_config().vocab_size
+    if v_expert != v_base:
+        raise ValueError(f"expert {name!r}: {expert_dir} has a vocabulary of {v_expert} tokens, the base {v_base}")
+    if (expert_dir / "tokenizer.json").is_file() or (expert_dir / "tokenizer_config.json").is_file():
+        if AutoTokenizer.from_pretrained(expert_dir).get_vocab() != AutoTokenizer.from_pretrained(base_dir).get_vocab():
+            raise ValueError(f"expert {name!r}: {expert_dir} has another tokenizer vocabulary than the base {base_dir}")

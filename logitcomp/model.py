@@ -1,0 +1,315 @@
+"""`ComposedModelForCausalLM`: a base and its experts as one causal LM whose logits are composed log-probs.
+
+Row layout of one forward, for an input of B rows, LoRA experts e_1..e_m and full experts f_1..f_n:
+    one base forward on (1 + m)·B rows [base | e_1 | ... | e_m] (grouped LoRA, one KV cache),
+    plus one forward of B rows per full expert (its own weights and KV cache);
+    then log p̂ = compose_logprobs(base, experts in composition order).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from transformers import DynamicCache, GenerationMixin, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .config import CompositionConfig
+from .grouped_lora import collect_lora_layers, grouped_lora
+from .loading import LoadOptions, attach_lora, check_same_vocabulary, expert_kind, load_model
+from .ops import apply_eos_policy, compose_logprobs, entropy, kl_divergence
+
+log = logging.getLogger(__name__)
+FORMAT = "logitcomp.composition/1"
+
+
+class ComposedCache:
+    """KV caches of one composition: the grouped rows' cache and one per full-model expert."""
+
+    is_compileable = False
+
+    def __init__(self, full_experts: list[str]):
+        self.rows = DynamicCache()
+        self.full = {name: DynamicCache() for name in full_experts}
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.rows.get_seq_length(layer_idx)
+
+
+@dataclass
+class CompositionTrace:
+    """Per position: each expert's activity KL(p_i ‖ p_b) and the composed entropy (nats)."""
+
+    experts: list[str]
+    kl: torch.Tensor  # (B, T, k)
+    entropy: torch.Tensor  # (B, T)
+
+    def to_dict(self) -> dict:
+        return {"experts": self.experts, "kl": self.kl.tolist(), "entropy": self.entropy.tolist()}
+
+
+@dataclass
+class ComposedCausalLMOutput(ModelOutput):
+    """`logits` are the composed, normalised log-probs (B, T, V)."""
+
+    logits: torch.Tensor | None = None
+    cache: ComposedCache | None = None
+    trace: CompositionTrace | None = None
+
+
+def _positions(attention_mask: torch.Tensor | None, past: int, length: int, device) -> torch.Tensor:
+    """Position ids of the new tokens; left padding counts from each row's first real token."""
+    if attention_mask is None:
+        return torch.arange(past, past + length, device=device).unsqueeze(0)  # (1, T)
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, past + T)
+    return pos[:, -length:]
+
+
+class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
+    """A base model and its experts composed in probability space, usable like a transformers LM.
+
+    Build it with `logitcomp.compose(peft_model, {...})`, `from_experts(base_path, {...})` or
+    `from_pretrained(saved_dir)`; `generate` is transformers' own (greedy, sampling, stop strings,
+    stopping criteria, left-padded batches), applied to the composed distribution.
+    """
+
+    main_input_name = "input_ids"
+    # attention runs inside the wrapped models; these only let PreTrainedModel accept their config
+    _supports_sdpa = _supports_flash_attn = _supports_flex_attn = _supports_attention_backend = True
+
+    def __init__(self, model, experts: list[str], full_experts: dict | None = None,
+                 composition: CompositionConfig | None = None, sources: dict | None = None):
+        hf_model = model.get_base_model() if isinstance(model, PeftModel) else model
+        super().__init__(copy.deepcopy(hf_model.config))
+        full_experts = dict(full_experts or {})
+        lora = [e for e in experts if e not in full_experts]
+        composition = composition or CompositionConfig()
+        composition.check_experts(list(experts))
+        if len(set(experts)) != len(experts):
+            raise ValueError(f"experts: names must be unique, got {experts}")
+        if not experts:
+            raise ValueError("experts: expected at least one expert")
+        held = set(model.peft_config) if isinstance(model, PeftModel) else set()
+        missing = [e for e in lora if e not in held]
+        if missing:
+            raise ValueError(f"expert {missing[0]!r}: the peft model holds no such adapter; it holds {sorted(held)}")
+        self.model = model
+        self.full_experts = torch.nn.ModuleDict(full_experts)
+        self.experts = list(experts)
+        self.lora_experts = lora
+        self.composition = composition
+        self.sources = sources or {}
+        self.generation_config = copy.deepcopy(hf_model.generation_config)
+        self._hf_model = hf_model
+        self._lora_layers = collect_lora_layers(model, lora) if isinstance(model, PeftModel) else []
+        self._masks = self._build_masks()
+        self.eval()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # generate must not make its own cache: forward makes a ComposedCache
+
+    def _build_masks(self) -> dict[str, torch.Tensor]:
+        vocab = self.config.get_text_config().vocab_size
+        masks = {}
+        for name, ids in self.composition.masks.items():
+            if ids and max(ids) >= vocab:
+                raise ValueError(f"masks[{name!r}]: token id {max(ids)} is outside the vocabulary of {vocab}")
+            mask = torch.zeros(vocab, dtype=torch.bool)
+            mask[ids] = True
+            masks[name] = mask
+        return masks
+
+    # ---- forward --------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: ComposedCache | None = None,
+        position_ids: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        past_key_values: ComposedCache | None = None,
+        logits_to_keep: int = 0,
+        output_trace: bool | None = None,
+        return_dict: bool = True,
+        **_ignored,
+    ) -> ComposedCausalLMOutput:
+        """Composed log-probs for every position (or the last `logits_to_keep`).
+
+        Args:
+            input_ids: (B, T) new tokens; with a cache, the tokens after the cached prefix.
+            attention_mask: (B, past + T), 0 on left padding.
+            cache: a `ComposedCache` from a previous call (`past_key_values` is accepted too).
+            position_ids: (B, T); derived from `attention_mask` when omitted.
+            use_cache: return a cache to continue from (default: the base config's `use_cache`).
+            output_trace: also return a `CompositionTrace` (default: the composition's `trace`).
+        """
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, ComposedCache):
+            raise ValueError(f"cache: expected a ComposedCache from a previous call, got {type(cache).__name__}")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None:
+            cache = ComposedCache(list(self.full_experts))
+        batch, length = input_ids.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = _positions(attention_mask, past, length, input_ids.device).expand(batch, -1)
+        groups = 1 + len(self.lora_experts)
+        rep = lambda t: None if t is None else t.repeat(groups, 1)  # noqa: E731  (B, ·) -> (G·B, ·)
+        with grouped_lora(self._lora_layers, groups):
+            out = self._hf_model(
+                input_ids=rep(input_ids),
+                attention_mask=rep(attention_mask),
+                position_ids=rep(position_ids),
+                cache=cache.rows if use_cache else None,
+                use_cache=use_cache,
+                logits_to_keep=logits_to_keep,
+            )
+        grouped = out.logits.view(groups, batch, *out.logits.shape[1:])  # (G, B, T', V)
+        by_name = dict(zip(self.lora_experts, grouped[1:]))
+        for name, expert in self.full_experts.items():
+            by_name[name] = expert(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache.full[name] if use_cache else None,
+                use_cache=use_cache,
+                logits_to_keep=logits_to_keep,
+            ).logits  # (B, T', V)
+        return self._compose(grouped[0], [by_name[e] for e in self.experts], cache if use_cache else None, output_trace)
+
+    def _compose(self, base, experts, cache, output_trace) -> ComposedCausalLMOutput:
+        c = self.composition
+        if any(e.shape[-1] != base.shape[-1] for e in experts):
+            raise ValueError(f"experts return {[e.shape[-1] for e in experts]} logits, the base {base.shape[-1]}")
+        masks = [self._masks.get(e) for e in self.experts]
+        weights = [c.weight(e) for e in self.experts]
+        composed = compose_logprobs(base, experts, weights, floor=c.floor, masks=masks)  # (B, T, V)
+        composed = apply_eos_policy(composed, base, experts, self._eos_ids(), c.eos_policy, c.floor)
+        trace = None
+        if c.trace if output_trace is None else output_trace:
+            lb = torch.log_softmax(base.float(), -1)
+            kl = torch.stack([kl_divergence(torch.log_softmax(e.float(), -1), lb) for e in experts], -1)  # (B, T, k)
+            trace = CompositionTrace(list(self.experts), kl, entropy(composed))
+        return ComposedCausalLMOutput(logits=composed, cache=cache, trace=trace)
+
+    def _eos_ids(self) -> list[int]:
+        eos = self.generation_config.eos_token_id
+        eos = self.config.eos_token_id if eos is None else eos
+        return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+    @torch.no_grad()
+    def trace(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None) -> CompositionTrace:
+        """Expert activity and composed entropy at every position of finished sequences (e.g. `generate`'s output)."""
+        return self(input_ids, attention_mask=attention_mask, use_cache=False, output_trace=True).trace
+
+    def generate(self, *args, **kwargs):
+        """transformers' `generate` on the composed distribution. Beam search and assisted decoding are refused."""
+        config = kwargs.get("generation_config") or self.generation_config
+        if (kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1) > 1:
+            raise ValueError("num_beams: beam search is not supported by composed models; use greedy or sampling")
+        for key in ("assistant_model", "prompt_lookup_num_tokens"):
+            if kwargs.get(key) is not None:
+                raise ValueError(f"{key}: assisted decoding is not supported by composed models")
+        return super().generate(*args, **kwargs)
+
+    # ---- persistence ----------------------------------------------------------------------
+    def save_pretrained(self, save_directory, **_ignored) -> Path:
+        """Write `composition.json` and the LoRA adapters (copied in) into a folder, atomically.
+
+        The base and full-model experts are referenced by absolute path (like peft's
+        `adapter_config.json` names its base), not copied: they can be gigabytes.
+        """
+        out = Path(save_directory).resolve()
+        base = self.sources.get("base") or self._hf_model.config._name_or_path
+        if not base or not Path(base).is_dir():
+            raise ValueError(f"base: the composition does not know its base folder (got {base!r}); load it from a local folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        try:
+            experts = {}
+            for name in self.experts:
+                if name in self.full_experts:
+                    experts[name] = {"kind": "full", "path": str(Path(self.sources["full"][name]).resolve())}
+                    continue
+                self.model.save_pretrained(tmp / "_peft", selected_adapters=[name])
+                saved = tmp / "_peft" / name if name != "default" else tmp / "_peft"
+                shutil.move(str(saved), tmp / "experts" / name)
+                experts[name] = {"kind": "lora", "path": f"experts/{name}"}
+            shutil.rmtree(tmp / "_peft", ignore_errors=True)
+            meta = {"format": FORMAT, "base": str(Path(base).resolve()), "experts": experts, "composition": self.composition.to_dict()}
+            (tmp / "composition.json").write_text(json.dumps(meta, indent=2) + "\n")
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, directory, *, dtype=None, device=None, allow_pickle: bool = False,
+                        trust_remote_code: bool = False, **_ignored) -> ComposedModelForCausalLM:
+        """Restore a composition written by `save_pretrained`."""
+        directory = Path(directory)
+        path = directory / "composition.json"
+        if not path.is_file():
+            raise ValueError(f"{directory}: no composition.json; expected a folder written by save_pretrained")
+        meta = json.loads(path.read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path}: format {meta.get('format')!r} is not {FORMAT!r}")
+        paths = {n: (directory / e["path"]) if e["kind"] == "lora" else Path(e["path"]) for n, e in meta["experts"].items()}
+        return cls.from_experts(meta["base"], paths, config=CompositionConfig(**meta["composition"]), dtype=dtype,
+                                device=device, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+
+    @classmethod
+    def from_experts(cls, base_path, experts: dict, weights: dict | None = None, *, config: CompositionConfig | None = None,
+                     dtype=None, device=None, allow_pickle: bool = False, trust_remote_code: bool = False) -> ComposedModelForCausalLM:
+        """Load a base folder and expert folders (LoRA adapters or full models) and compose them.
+
+        Args:
+            base_path: the base model folder.
+            experts: expert name -> folder.
+            weights: expert name -> weight (overrides `config.weights`); default 1.0.
+            config: every other composition option.
+            allow_pickle / trust_remote_code: opt-ins for `.bin` weights and custom model code.
+        """
+        options = LoadOptions(dtype, device, allow_pickle, trust_remote_code)
+        base_path = Path(base_path)
+        config = copy.deepcopy(config or CompositionConfig())
+        if weights is not None:
+            config = CompositionConfig(**{**config.to_dict(), "weights": {**config.weights, **weights}})
+        model = load_model("base", base_path, options)
+        full, full_paths = {}, {}
+        for name, path in experts.items():
+            path = Path(path)
+            if expert_kind(name, path) == "lora":
+                model = attach_lora(model, name, path, base_path, options)
+            else:
+                full[name] = load_model(f"expert {name!r}", path, options)
+                check_same_vocabulary(name, path, base_path, full[name], model)
+                full_paths[name] = str(path.resolve())
+        sources = {"base": str(base_path.resolve()), "full": full_paths}
+        return cls(model, list(experts), full, config, sources)
+
+
+def compose(peft_model, experts: dict[str, float] | list[str], config: CompositionConfig | None = None) -> ComposedModelForCausalLM:
+    """Compose adapters that a peft model already holds.
+
+    Args:
+        peft_model: a `PeftModel` holding the adapters (not merged).
+        experts: adapter name -> weight (or a list of names, weight 1.0 each).
+        config: other composition options; `experts`' weights override its `weights`.
+    """
+    names = list(experts)
+    weights = dict(experts) if isinstance(experts, dict) else {}
+    config = copy.deepcopy(config or CompositionConfig())
+    config = CompositionConfig(**{**config.to_dict(), "weights": {**config.weights, **weights}})
+    return ComposedModelForCausalLM(peft_model, names, {}, config)

@@ -1,0 +1,129 @@
+"""The composition rule and the quantities traced beside it, as pure tensor functions.
+
+    log p̂ = log_softmax( log p_b + Σ_i w_i · m_i ⊙ (log p_i − log p_b) )
+
+with w_i = 1 and m_i = 1 the rule of "Compositional Generalization in Autoregressive Models via
+Logit Composition". Nothing here holds state or mutates its inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+DEFAULT_FLOOR = -1e4  # the paper's code clamps base log-probs here
+EOS_POLICIES = ("compose", "base", "any", "all")
+
+
+def check_weights(weights: Sequence[float], names: Sequence[str] | None = None) -> list[float]:
+    """Return the weights as floats. Raises ValueError naming a weight that is not a finite number."""
+    out = []
+    for i, w in enumerate(weights):
+        label = repr(names[i]) if names is not None else f"#{i}"
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ValueError(f"weight of expert {label}: expected a finite number, got {w!r}")
+        if not math.isfinite(w):
+            raise ValueError(f"weight of expert {label}: expected a finite number, got {w!r}")
+        out.append(float(w))
+    return out
+
+
+def compose_logprobs(
+    base: torch.Tensor,
+    experts: Sequence[torch.Tensor],
+    weights: Sequence[float] | None = None,
+    *,
+    floor: float = DEFAULT_FLOOR,
+    masks: Sequence[torch.Tensor | None] | None = None,
+) -> torch.Tensor:
+    """Compose experts with their base in probability space.
+
+    Args:
+        base: base log-probs (or logits; they are normalised first), shape (..., V), any float dtype.
+        experts: one tensor per expert, each shaped like `base`.
+        weights: one finite float per expert (negative = anti-expert); default 1.0 each.
+        floor: base and expert log-probs are clamped at `floor` (< 0) so that −inf − (−inf) never
+            occurs and an anti-expert's −w·(−inf) cannot become +inf; NaN counts as −inf.
+        masks: optional per-expert bool tensors (V,): the expert's log-ratio applies only where True.
+
+    Returns:
+        fp32 log-probs of shape (..., V), finite, with logsumexp 0 over the last dim.
+
+    Raises:
+        ValueError: on a shape mismatch, a non-finite weight or a non-negative floor.
+    """
+    weights = check_weights([1.0] * len(experts) if weights is None else list(weights))
+    if len(weights) != len(experts):
+        raise ValueError(f"weights: expected {len(experts)} (one per expert), got {len(weights)}")
+    if masks is not None and len(masks) != len(experts):
+        raise ValueError(f"masks: expected {len(experts)} (one per expert or None), got {len(masks)}")
+    if not floor < 0:
+        raise ValueError(f"floor: expected a negative number, got {floor!r}")
+    lb = clamped_logprobs(base, floor)  # (..., V)
+    total = lb.clone()
+    for i, (expert, w) in enumerate(zip(experts, weights)):
+        if expert.shape != base.shape:
+            raise ValueError(f"experts[{i}]: expected shape {tuple(base.shape)}, got {tuple(expert.shape)}")
+        ratio = clamped_logprobs(expert, floor) - lb  # (..., V), finite: both sides are clamped
+        if masks is not None and masks[i] is not None:
+            ratio = ratio * masks[i].to(ratio.device, ratio.dtype)
+        total = total + w * ratio
+    return torch.log_softmax(total, dim=-1)  # finite: every term is bounded
+
+
+def clamped_logprobs(logits: torch.Tensor, floor: float = DEFAULT_FLOOR) -> torch.Tensor:
+    """fp32 `log_softmax(logits).clamp(min=floor)`, with NaN and ±inf logits made finite first."""
+    x = torch.nan_to_num(logits.float(), nan=floor, posinf=torch.finfo(torch.float32).max, neginf=floor)
+    return torch.log_softmax(x, dim=-1).clamp(min=floor)
+
+
+def apply_eos_policy(
+    composed: torch.Tensor,
+    base: torch.Tensor,
+    experts: Sequence[torch.Tensor],
+    eos_ids: Sequence[int],
+    policy: str,
+    floor: float = DEFAULT_FLOOR,
+) -> torch.Tensor:
+    """Rescore the EOS tokens of a composed distribution, then renormalise.
+
+    Args:
+        composed: composed log-probs (..., V) from `compose_logprobs`.
+        base, experts: the log-probs (or logits) the composition was made from.
+        eos_ids: token ids that end a sequence.
+        policy: `compose` (leave as is: the paper), `base` (EOS scored by the base alone),
+            `any` (max over base and experts), `all` (min over base and experts).
+
+    Returns:
+        fp32 log-probs (..., V), normalised.
+    """
+    if policy not in EOS_POLICIES:
+        raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {policy!r}")
+    if policy == "compose" or not eos_ids:
+        return composed
+    ids = torch.as_tensor(list(eos_ids), device=composed.device)
+    models = torch.stack([clamped_logprobs(m, floor)[..., ids] for m in (base, *experts)])  # (k+1, ..., E)
+    pick = {"base": lambda m: m[0], "any": lambda m: m.max(0).values, "all": lambda m: m.min(0).values}[policy]
+    out = composed.clone()
+    out[..., ids] = pick(models)
+    # The other tokens keep their composed ratios and share what EOS leaves: renormalise them alone.
+    others = torch.ones(composed.shape[-1], dtype=torch.bool, device=composed.device)
+    others[ids] = False
+    eos_mass = torch.logsumexp(out[..., ids], dim=-1, keepdim=True).clamp(max=-1e-7)  # (..., 1)
+    rest = torch.log1p(-eos_mass.exp())  # log of the mass left to non-EOS tokens
+    out[..., others] = torch.log_softmax(composed[..., others], dim=-1) + rest
+    return torch.log_softmax(out, dim=-1)
+
+
+def kl_divergence(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q) over the last dim from log-probs, in fp32: shape (...)."""
+    p_log, q_log = p_log.float(), q_log.float()
+    return (p_log.exp() * (p_log - q_log)).sum(-1).clamp(min=0.0)
+
+
+def entropy(log_p: torch.Tensor) -> torch.Tensor:
+    """Entropy over the last dim from log-probs, in fp32: shape (...)."""
+    log_p = log_p.float()
+    return -(log_p.exp() * log_p).sum(-1)
