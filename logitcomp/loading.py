@@ -7,6 +7,7 @@ Weights load from safetensors; pickled weights and remote code need an explicit 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -64,12 +65,21 @@ def load_model(label: str, path: Path, options: LoadOptions):
     return model.to(options.device) if options.device is not None else model
 
 
-def _fingerprint(model_dir: Path) -> tuple:
-    """What identifies a local model folder cheaply: its config and its weight files' sizes."""
+def _fingerprint(model_dir: Path, span: int = 1 << 20) -> tuple:
+    """What identifies a local model folder cheaply: its config, and per weight file its size and
+    a hash of its first and last MiB (two trainings of one architecture differ there; hashing
+    whole multi-GB files on every load would not be cheap)."""
     config = json.loads((model_dir / "config.json").read_text())
     config.pop("_name_or_path", None)
-    sizes = sorted((p.name, p.stat().st_size) for p in model_dir.glob("*.safetensors"))
-    return json.dumps(config, sort_keys=True), tuple(sizes)
+    files = []
+    for path in sorted(model_dir.glob("*.safetensors")):
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(span)
+            f.seek(max(0, size - span))
+            digest = hashlib.sha256(head + f.read(span)).hexdigest()
+        files.append((path.name, size, digest))
+    return json.dumps(config, sort_keys=True), tuple(files)
 
 
 def check_adapter_base(name: str, adapter_dir: Path, base_dir: Path) -> None:

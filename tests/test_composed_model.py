@@ -1,0 +1,239 @@
+"""ComposedModelForCausalLM against separately loaded, merged HF models and the rule applied by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from common import make_tiny_llama, make_tiny_lora
+from logitcomp import ComposedModelForCausalLM, CompositionConfig, compose
+from reference import hand_compose, merged_expert, row_logprobs
+
+TOL = 1e-4
+PROMPTS = ["ABCDEFGHAB>", "PAC>", "CAFE>AB", "B>"]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    return AutoTokenizer.from_pretrained(tiny.base)
+
+
+@pytest.fixture(scope="module")
+def refs(tiny):
+    """Plain HF models: the base, each LoRA expert merged into its own copy, the full expert."""
+    models = {"base": AutoModelForCausalLM.from_pretrained(tiny.base).eval(), "full": merged_expert(tiny.base, tiny.full_expert)}
+    models.update({name: merged_expert(tiny.base, path) for name, path in tiny.adapters.items()})
+    return models
+
+
+def _paths(tiny, names):
+    return {n: tiny.full_expert if n == "full" else tiny.adapters[n] for n in names}
+
+
+def _reference(refs, ids, names, weights):
+    return hand_compose(row_logprobs(refs["base"], ids), [row_logprobs(refs[n], ids) for n in names], weights)
+
+
+def _left_padded(tok, prompts):
+    return tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+
+
+@pytest.mark.parametrize(
+    ("names", "weights"),
+    [(["a", "b"], [1.0, 1.0]), (["a", "b", "c"], [0.5, -0.7, 1.3]), (["a", "full"], [1.0, 1.0]), (["full", "c", "b"], [1.0, 2.0, 1.0])],
+)
+def test_forward_on_left_padded_batch_matches_reference(tiny, refs, tok, names, weights):
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), dict(zip(names, weights)))
+    batch = _left_padded(tok, PROMPTS)
+    with torch.no_grad():
+        logits = composed(**batch).logits  # (B, T, V)
+    worst = 0.0
+    for row, mask in zip(range(len(PROMPTS)), batch.attention_mask):
+        ids = batch.input_ids[row][mask.bool()].tolist()
+        ref = _reference(refs, ids, names, weights)
+        worst = max(worst, (logits[row, -len(ids):].double() - ref).abs().max().item())
+    assert worst <= TOL, f"max abs diff {worst:.2e}"
+
+
+def test_weight_zero_is_the_base_and_one_expert_is_that_expert(tiny, refs, tok):
+    ids = tok("ABCAB>CC").input_ids
+    x = torch.tensor([ids])
+    for names, weights, want in ((["a", "b"], [0.0, 0.0], "base"), (["b"], [1.0], "b"), (["full"], [1.0], "full")):
+        composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), dict(zip(names, weights)))
+        with torch.no_grad():
+            got = composed(x).logits[0].double()
+        assert (got - row_logprobs(refs[want], ids)).abs().max() <= TOL, want
+
+
+def test_cached_decoding_matches_full_recomputation(tiny, tok):
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "c", "full"]))
+    batch = _left_padded(tok, ["ABCDEFG>AB", "PO>"])
+    extra = torch.tensor([[7, 8, 9, 10], [11, 12, 5, 6]])  # tokens appended one by one
+    with torch.no_grad():
+        out = composed(**batch, use_cache=True)
+        steps, mask = [], batch.attention_mask
+        for t in range(extra.shape[1]):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+            out = composed(extra[:, t : t + 1], attention_mask=mask, cache=out.cache, use_cache=True)
+            steps.append(out.logits[:, -1])
+        full = composed(torch.cat([batch.input_ids, extra], 1), attention_mask=mask, use_cache=False).logits
+    diff = (torch.stack(steps, 1) - full[:, -extra.shape[1]:]).abs().max().item()
+    assert diff <= TOL, f"cached vs full: {diff:.2e}"
+
+
+def _hand_greedy(refs, ids, names, weights, steps, eos):
+    ids = list(ids)
+    for _ in range(steps):
+        nxt = int(_reference(refs, ids, names, weights)[-1].argmax())
+        ids.append(nxt)
+        if nxt == eos:
+            break
+    return ids
+
+
+def test_greedy_generate_matches_hand_loop(tiny, refs, tok):
+    names, weights = ["a", "b", "full"], [1.0, 1.0, 1.0]
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names))
+    batch = _left_padded(tok, PROMPTS)
+    out = composed.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    for row, mask in enumerate(batch.attention_mask):
+        ids = batch.input_ids[row][mask.bool()].tolist()
+        want = _hand_greedy(refs, ids, names, weights, 12, tok.eos_token_id)
+        got = out[row, batch.input_ids.shape[1] - len(ids):].tolist()[: len(want)]  # left padding dropped
+        assert got == want, f"row {row}"
+
+
+def test_sampling_stop_strings_and_lengths(tiny, tok):
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "b"]))
+    batch = _left_padded(tok, PROMPTS[:2])
+    greedy = composed.generate(**batch, max_new_tokens=8, do_sample=False)
+    torch.manual_seed(0)
+    top1 = composed.generate(**batch, max_new_tokens=8, do_sample=True, top_k=1, temperature=0.7)
+    assert torch.equal(greedy, top1)
+    torch.manual_seed(0)
+    sampled = composed.generate(**batch, max_new_tokens=8, do_sample=True, top_p=0.9, temperature=1.5)
+    assert sampled.shape[0] == 2
+    long = composed.generate(**batch, min_new_tokens=6, max_new_tokens=6, do_sample=False)
+    assert long.shape[1] == batch.input_ids.shape[1] + 6 and (long[:, -6:] != tok.eos_token_id).all()
+    text = tok.decode(greedy[0, batch.input_ids.shape[1]:], skip_special_tokens=True)
+    stop = text[1]  # a character greedy decoding produces second
+    stopped = composed.generate(**batch, max_new_tokens=8, do_sample=False, stop_strings=[stop], tokenizer=tok)
+    assert tok.decode(stopped[0, batch.input_ids.shape[1]:], skip_special_tokens=True).endswith(stop)
+    with pytest.raises(ValueError, match="num_beams: beam search is not supported"):
+        composed.generate(**batch, num_beams=2, max_new_tokens=3)
+
+
+def test_compose_from_peft_model_leaves_it_untouched(tiny, refs, tok):
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny.base), tiny.adapters["a"], adapter_name="a")
+    peft_model.load_adapter(tiny.adapters["b"], adapter_name="b")
+    peft_model.set_adapter("a")
+    ids = tok("ABCAB>CC").input_ids
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        before = peft_model(x).logits
+        got = compose(peft_model, {"a": 1.0, "b": 0.5})(x).logits[0].double()
+        after = peft_model(x).logits
+    assert (got - _reference(refs, ids, ["a", "b"], [1.0, 0.5])).abs().max() <= TOL
+    assert torch.equal(before, after)
+    with pytest.raises(ValueError, match=r"expert 'zz': the peft model holds no such adapter; it holds \['a', 'b'\]"):
+        compose(peft_model, ["a", "zz"])
+
+
+def test_masks_apply_each_ratio_on_its_tokens_only(tiny, refs, tok):
+    mask_ids = [5, 6, 7, 8]
+    config = CompositionConfig(masks={"a": mask_ids})
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "b"]), config=config)
+    ids = tok("ABCAB>CC").input_ids
+    lb, la, lbb = (row_logprobs(refs[n], ids) for n in ("base", "a", "b"))
+    m = torch.zeros(lb.shape[-1], dtype=torch.float64)
+    m[mask_ids] = 1.0
+    want = torch.log_softmax(lb + m * (la - lb) + (lbb - lb), -1)
+    with torch.no_grad():
+        got = composed(torch.tensor([ids])).logits[0].double()
+    assert (got - want).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("policy", ["compose", "base", "any", "all"])
+def test_eos_policy_against_hand_computation(tiny, refs, tok, policy):
+    names = ["a", "b", "c"]
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), config=CompositionConfig(eos_policy=policy))
+    ids = tok("ABCAB>CC").input_ids
+    lb, experts = row_logprobs(refs["base"], ids), [row_logprobs(refs[n], ids) for n in names]
+    plain = hand_compose(lb, experts, [1.0] * 3)
+    eos = tok.eos_token_id
+    col = torch.stack([m[:, eos] for m in (lb, *experts)])
+    want_eos = {"compose": plain[:, eos], "base": col[0], "any": col.max(0).values, "all": col.min(0).values}[policy]
+    with torch.no_grad():
+        got = composed(torch.tensor([ids])).logits[0].double()
+    assert (got[:, eos] - want_eos).abs().max() <= TOL
+    others = [i for i in range(lb.shape[-1]) if i != eos]
+    rest = torch.log1p(-want_eos.exp()).unsqueeze(-1) + torch.log_softmax(plain[:, others], -1)
+    assert (got[:, others] - rest).abs().max() <= TOL
+
+
+def test_trace_is_kl_of_each_expert_and_composed_entropy(tiny, refs, tok):
+    names = ["a", "full"]
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names))
+    ids = tok("ABCAB>CC").input_ids
+    trace = composed.trace(torch.tensor([ids]))
+    lb = row_logprobs(refs["base"], ids)
+    for i, n in enumerate(names):
+        le = row_logprobs(refs[n], ids)
+        assert (trace.kl[0, :, i].double() - (le.exp() * (le - lb)).sum(-1)).abs().max() <= TOL
+    lc = _reference(refs, ids, names, [1.0, 1.0])
+    assert (trace.entropy[0].double() + (lc.exp() * lc).sum(-1)).abs().max() <= TOL
+    assert trace.experts == names and json.dumps(trace.to_dict())
+    with torch.no_grad():
+        assert composed(torch.tensor([ids])).trace is None  # off unless asked: nothing kept between calls
+
+
+def test_save_and_load_round_trip(tiny, tok, tmp_path):
+    config = CompositionConfig(weights={"a": 0.5}, floor=-1e3, eos_policy="any", masks={"b": [5, 6]})
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "b", "full"]), config=config)
+    saved = composed.save_pretrained(tmp_path / "comp")
+    meta = json.loads((saved / "composition.json").read_text())
+    assert meta["base"] == str(tiny.base.resolve())
+    assert meta["experts"]["a"] == {"kind": "lora", "path": "experts/a"}
+    assert meta["experts"]["full"] == {"kind": "full", "path": str(tiny.full_expert.resolve())}
+    assert meta["composition"] == config.to_dict()
+    assert (saved / "experts" / "b" / "adapter_model.safetensors").exists()
+    loaded = ComposedModelForCausalLM.from_pretrained(saved)
+    batch = _left_padded(tok, PROMPTS)
+    with torch.no_grad():
+        assert torch.equal(composed(**batch).logits, loaded(**batch).logits)
+    assert loaded.composition == config
+
+
+def test_bad_input_names_the_culprit(tiny, tmp_path):
+    with pytest.raises(ValueError, match=r"weight of expert 'a': expected a finite number, got nan"):
+        ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a"]), {"a": float("nan")})
+    with pytest.raises(ValueError, match=r"weights: unknown expert 'zz'"):
+        ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a"]), {"zz": 1.0})
+    other_base = make_tiny_llama(tmp_path / "other_base", seed=11)
+    stray = make_tiny_lora(other_base, tmp_path / "stray", seed=3, r=2, lora_alpha=2, target_modules=["q_proj"])
+    with pytest.raises(ValueError, match=r"expert 'stray': .* is an adapter of .*other_base, not of the base"):
+        ComposedModelForCausalLM.from_experts(tiny.base, {"stray": stray})
+    wide = AutoModelForCausalLM.from_pretrained(tiny.base)
+    wide.resize_token_embeddings(wide.config.vocab_size + 8)
+    wide.save_pretrained(tmp_path / "wide")
+    with pytest.raises(ValueError, match=r"expert 'wide': .* has a vocabulary of 107 tokens, the base 99"):
+        ComposedModelForCausalLM.from_experts(tiny.base, {"wide": tmp_path / "wide"})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"expert 'e': .*empty is neither a peft adapter"):
+        ComposedModelForCausalLM.from_experts(tiny.base, {"e": tmp_path / "empty"})
+    with pytest.raises(ValueError, match="eos_policy: expected one of"):
+        CompositionConfig(eos_policy="first")
+
+
+def test_pickled_weights_need_opt_in(tiny, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny.full_expert)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    model.config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"expert 'p': .* has only pickled weights \(pytorch_model.bin\); .*allow_pickle"):
+        ComposedModelForCausalLM.from_experts(tiny.base, {"p": tmp_path})
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, {"p": tmp_path}, allow_pickle=True)
+    assert composed.experts == ["p"]
