@@ -1,11 +1,14 @@
-"""Grouped-LoRA forward: one base matmul for every row, each expert's low-rank update on its rows.
+"""Grouped-LoRA forward: one base matmul for every row, the experts' low-rank updates batched.
 
 peft's mixed-adapter batches (`adapter_names=[...]`) split every LoRA layer's input by adapter and
-run the base layer once per group: 3 rows run no faster than 3 separate models (../shared/GOTCHAS.md).
-Here the rows are laid out in contiguous groups [base | expert 1 | ... | expert k] of B rows each;
-the base layer runs once on all (k+1)·B rows and each expert adds `s_i · (x A_iᵀ) B_iᵀ` only on its
-block, reading peft's own LoRA weights (no copies). peft stays the loader and the exactness
-reference; this module only routes, and only inside a `with grouped_lora(...)` block.
+run the base layer once per group, which decodes no faster than separate models
+(../shared/GOTCHAS.md). Here the rows are laid out in contiguous blocks [base | expert 1 | ... |
+expert m] of B rows each; the base layer runs once on all (1 + m)·B rows and the experts' updates
+s_i · (x A_iᵀ) B_iᵀ are added on their own blocks by one pair of `torch.bmm` per layer.
+
+peft stays the loader and the exactness reference. The A/B matrices are stacked (zero-padded to
+the largest rank, scale folded into B) once, when a composition is built: a snapshot of the
+adapters, a few percent of the base's size. Routing is active only inside `with grouped_lora(...)`.
 """
 
 from __future__ import annotations
@@ -20,15 +23,41 @@ from peft.tuners.lora import LoraLayer
 
 
 @dataclass(frozen=True)
-class _Update:
-    group: int  # block index in the row layout (0 is the base)
-    lora_A: torch.Tensor  # (r, in)
-    lora_B: torch.Tensor  # (out, r)
-    scale: float
+class StackedUpdates:
+    """The LoRA updates of one layer for the consecutive blocks first .. first + n - 1."""
+
+    first: int  # first block with an update (block 0 is the base)
+    a: torch.Tensor  # (n, in, r_max): A_iᵀ, zero-padded
+    b: torch.Tensor  # (n, r_max, out): s_i · B_iᵀ, zero-padded
 
 
-def collect_lora_layers(model: torch.nn.Module, adapters: list[str]) -> list[tuple[LoraLayer, list[_Update]]]:
-    """Every LoRA layer of a peft model with the updates of `adapters` (expert i -> group i + 1).
+def _check(module, adapter: str, where: str) -> None:
+    if module.merged:
+        raise ValueError(f"{where}: adapters are merged into the base; call unmerge_adapter() first")
+    if not isinstance(module, LoraLinear):
+        raise ValueError(f"{where}: only LoRA on Linear layers can be composed, got {type(module).__name__}")
+    if adapter in getattr(module, "lora_variant", {}) or module.use_dora.get(adapter, False):
+        raise ValueError(f"{where}: DoRA and other LoRA variants are not supported")
+    if module.lora_B[adapter].bias is not None:
+        raise ValueError(f"{where}: LoRA bias (lora_bias=True) is not supported")
+
+
+@torch.no_grad()
+def _stack(module, groups: dict[int, str]) -> StackedUpdates:
+    first, last = min(groups), max(groups)
+    r = max(module.lora_A[name].weight.shape[0] for name in groups.values())
+    ref = module.lora_A[groups[first]].weight
+    a = ref.new_zeros(last - first + 1, ref.shape[1], r)  # (n, in, r)
+    b = ref.new_zeros(last - first + 1, r, module.lora_B[groups[first]].weight.shape[0])  # (n, r, out)
+    for group, name in groups.items():
+        rank = module.lora_A[name].weight.shape[0]
+        a[group - first, :, :rank] = module.lora_A[name].weight.t()
+        b[group - first, :rank] = module.lora_B[name].weight.t() * module.scaling[name]
+    return StackedUpdates(first, a, b)
+
+
+def collect_lora_layers(model: torch.nn.Module, adapters: list[str]) -> list[tuple[LoraLayer, StackedUpdates | None]]:
+    """Every LoRA layer of a peft model with the stacked updates of `adapters` (expert i -> block i + 1).
 
     Raises:
         ValueError: naming the adapter and module when a layer cannot be grouped exactly
@@ -38,39 +67,28 @@ def collect_lora_layers(model: torch.nn.Module, adapters: list[str]) -> list[tup
     for module_name, module in model.named_modules():
         if not isinstance(module, LoraLayer):
             continue
-        updates = []
+        groups = {}
         for group, adapter in enumerate(adapters, start=1):
-            if adapter not in module.lora_A:
-                continue
-            where = f"expert {adapter!r}, module {module_name}"
-            if module.merged:
-                raise ValueError(f"{where}: adapters are merged into the base; call unmerge_adapter() first")
-            if not isinstance(module, LoraLinear):
-                raise ValueError(f"{where}: only LoRA on Linear layers can be composed, got {type(module).__name__}")
-            if adapter in getattr(module, "lora_variant", {}) or module.use_dora.get(adapter, False):
-                raise ValueError(f"{where}: DoRA and other LoRA variants are not supported")
-            if module.lora_B[adapter].bias is not None:
-                raise ValueError(f"{where}: LoRA bias (lora_bias=True) is not supported")
-            updates.append(_Update(group, module.lora_A[adapter].weight, module.lora_B[adapter].weight, module.scaling[adapter]))
-        layers.append((module, updates))
+            if adapter in module.lora_A:
+                _check(module, adapter, f"expert {adapter!r}, module {module_name}")
+                groups[group] = adapter
+        layers.append((module, _stack(module, groups) if groups else None))
     return layers
 
 
-def _add_updates(layer, args, output, *, updates: list[_Update], groups: int):
-    x = args[0]  # (G·B, T, in)
-    rows = x.shape[0] // groups
-    out = output.view(output.shape[0], -1, output.shape[-1])  # (G·B, T, out), a view
-    for u in updates:
-        block = slice(u.group * rows, (u.group + 1) * rows)
-        xb = x[block].reshape(-1, x.shape[-1]).to(u.lora_A.dtype)  # (B·T, in)
-        low = xb @ u.lora_A.t()  # (B·T, r)
-        out[block].view(-1, out.shape[-1]).addmm_(low.to(out.dtype), u.lora_B.t().to(out.dtype), alpha=u.scale)
+def _add_updates(layer, args, output, *, updates: StackedUpdates, groups: int):
+    # Runs once per LoRA layer per decoding step: two batched matmuls whatever the number of experts.
+    x = args[0].reshape(groups, -1, args[0].shape[-1])  # (G, B·T, in)
+    out = output.view(groups, -1, output.shape[-1])  # (G, B·T, out), a view of the layer's output
+    blocks = slice(updates.first, updates.first + updates.a.shape[0])
+    low = torch.bmm(x[blocks].to(updates.a.dtype), updates.a)  # (n, B·T, r)
+    out[blocks] += torch.bmm(low, updates.b).to(out.dtype)  # (n, B·T, out)
     return output
 
 
 @contextmanager
-def grouped_lora(layers: list[tuple[LoraLayer, list[_Update]]], groups: int):
-    """Route LoRA updates by row block for the duration of the block; restores peft's state after.
+def grouped_lora(layers: list[tuple[LoraLayer, StackedUpdates | None]], groups: int):
+    """Route LoRA updates by row block inside the block; peft's own state is restored after.
 
     Args:
         layers: from `collect_lora_layers`.
@@ -80,8 +98,8 @@ def grouped_lora(layers: list[tuple[LoraLayer, list[_Update]]], groups: int):
     try:
         for layer, updates in layers:
             saved.append((layer, layer._disable_adapters))
-            layer._disable_adapters = True  # peft's own LoRA path off: base layer only
-            if updates:
+            layer._disable_adapters = True  # peft's own LoRA path off: the base layer only
+            if updates is not None:
                 hook = partial(_add_updates, updates=updates, groups=groups)
                 handles.append(layer.base_layer.register_forward_hook(hook))
         yield

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -21,8 +19,6 @@ def test_every_model_reaches_the_bar(variant, request):
     assert set(world.accuracy) == {"base", "a2b", "c2d", "e2f"}
     for name, acc in world.accuracy.items():
         assert acc >= ACCURACY_BAR, f"{variant} {name}: {acc:.3f} < {ACCURACY_BAR}"
-    meta = json.loads((world.root / "toy.json").read_text())
-    assert meta["build_seconds"] < 300, "one variant must build in at most 5 minutes on 2 cores"
 
 
 def test_recorded_accuracy_is_reproduced_from_disk(toy_factorised):

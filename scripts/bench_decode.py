@@ -1,0 +1,239 @@
+"""Decode throughput and peak memory: single model vs composed vs peft mixed batch vs naive.
+
+One run builds a random Llama and k random LoRA experts, saves them as safetensors, then measures
+each setup in its own subprocess (so that peak memory is its own) with the same hand-written
+greedy loop (prefill, then one cached forward per token, argmax of the composed distribution):
+
+    single    the base alone (the reference for throughput and memory)
+    composed  logitcomp.ComposedModelForCausalLM: one base, k+1 row groups, grouped LoRA
+    peft      peft's mixed-adapter batch (adapter_names=[base, e1, ...]) + the same composition
+    naive     k+1 separate models (experts merged), each with its own cache, one after the other
+
+and prints steps/s, peak memory above the process's baseline, and their ratios, plus the share of
+a composed step spent in the composition itself (log_softmax and combine).
+
+    python scripts/bench_decode.py                          # 58M-parameter Llama, k=2, r=16, CPU
+    python scripts/bench_decode.py --device cuda --dtype bfloat16 --hidden 2048 --layers 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SETUPS = ("single", "composed", "peft", "naive")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--intermediate", type=int, default=1376)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--k", type=int, default=2, help="number of experts")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--targets", default="q_proj,v_proj,gate_proj,up_proj,down_proj")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt", type=int, default=32, help="prompt length in tokens")
+    p.add_argument("--new", type=int, default=64, help="decoded tokens per measurement")
+    p.add_argument("--repeats", type=int, default=3, help="measurements per setup (the best is kept)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--setups", default=",".join(SETUPS))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def build_world(args, root: Path) -> None:
+    """Save a random base and k random LoRA adapters (non-zero B) under `root`."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads,
+        max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
+    )
+    LlamaForCausalLM(config).save_pretrained(root / "base")
+    for i in range(args.k):
+        base = LlamaForCausalLM.from_pretrained(root / "base")
+        model = get_peft_model(base, LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=args.targets.split(",")))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02)
+        model.save_pretrained(root / f"e{i}")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def make_step(setup: str, root: Path, args):
+    """Load one setup; return step(ids, mask, cache) -> (next-token ids (B,), cache)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from logitcomp import ComposedModelForCausalLM, compose_logprobs
+
+    dtype, device = getattr(torch, args.dtype), args.device
+    experts = {f"e{i}": root / f"e{i}" for i in range(args.k)}
+    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=dtype).to(device).eval()  # noqa: E731
+
+    if setup == "single":
+        model = load(root / "base")
+
+        def step(ids, mask, cache):
+            out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1].argmax(-1), out.cache
+        return step
+
+    if setup == "composed":
+        model = ComposedModelForCausalLM.from_experts(root / "base", experts, dtype=dtype, device=device)
+
+        def step(ids, mask, cache):
+            out = model(ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1].argmax(-1), out.cache
+        return step
+
+    groups = args.k + 1
+    if setup == "peft":
+        model = PeftModel.from_pretrained(load(root / "base"), experts["e0"], adapter_name="e0")
+        for name in list(experts)[1:]:
+            model.load_adapter(experts[name], adapter_name=name)
+        model.eval()
+
+        def step(ids, mask, cache):
+            b = ids.shape[0]
+            names = [n for n in ["__base__", *experts] for _ in range(b)]
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+            out = model(input_ids=ids.repeat(groups, 1), attention_mask=mask.repeat(groups, 1), position_ids=pos.repeat(groups, 1),
+                        cache=cache, use_cache=True, adapter_names=names, logits_to_keep=1)
+            lp = out.logits[:, -1].view(groups, b, -1)  # (G, B, V)
+            return compose_logprobs(lp[0], list(lp[1:])).argmax(-1), out.cache
+        return step
+
+    # naive: k+1 full models, experts merged into their own copy of the base
+    models = [load(root / "base")] + [
+        PeftModel.from_pretrained(load(root / "base"), path).merge_and_unload().eval() for path in experts.values()
+    ]
+
+    def step(ids, mask, caches):
+        caches = caches or [None] * len(models)
+        outs = [m(input_ids=ids, attention_mask=mask, cache=c, use_cache=True, logits_to_keep=1) for m, c in zip(models, caches)]
+        lp = [o.logits[:, -1] for o in outs]
+        return compose_logprobs(lp[0], lp[1:]).argmax(-1), [o.cache for o in outs]
+    return step
+
+
+@torch.no_grad()
+def decode(step, args) -> float:
+    """Greedy decode `args.new` tokens after a prefill; returns decode steps per second."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, args.vocab, (args.batch, args.prompt), generator=gen).to(args.device)
+    mask = torch.ones_like(ids)
+    nxt, cache = step(ids, mask, None)  # prefill (not timed)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(args.new):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        nxt, cache = step(nxt[:, None], mask, cache)
+    sync()
+    return args.new / (time.perf_counter() - start)
+
+
+@torch.no_grad()
+def composition_seconds(args) -> float:
+    """Time of compose_logprobs on one step's log-probs (k+1 rows of (B, V))."""
+    from logitcomp import apply_eos_policy, compose_logprobs
+
+    dtype = getattr(torch, args.dtype)
+    logits = torch.randn(args.k + 1, args.batch, args.vocab, dtype=dtype, device=args.device)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(20):
+            out = compose_logprobs(logits[0], list(logits[1:]))
+            apply_eos_policy(out, logits[0], list(logits[1:]), [], "compose")
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / 20)
+    return best
+
+
+def child(args) -> None:
+    torch.set_num_threads(args.threads)
+    root = Path(args.workdir)
+    if args.device.startswith("cuda"):
+        torch.cuda.init()
+        torch.cuda.reset_peak_memory_stats()
+    baseline = 0 if args.device.startswith("cuda") else rss_bytes()
+    step = make_step(args.child, root, args)
+    rates = [decode(step, args) for _ in range(args.repeats)]
+    result = {"setup": args.child, "steps_per_s": max(rates), "peak_bytes": peak_bytes(args.device) - baseline}
+    if args.child == "composed":
+        result["compose_s"] = composition_seconds(args)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        return child(args)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with tempfile.TemporaryDirectory() as tmp:
+        build_world(args, Path(tmp))
+        results = {}
+        for setup in args.setups.split(","):
+            cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", setup, "--workdir", tmp]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if line is None:
+                sys.exit(f"bench_decode: setup {setup} failed:\n{proc.stderr[-3000:]}")
+            results[setup] = json.loads(line[len("RESULT "):])
+    report(args, results)
+
+
+def report(args, results: dict) -> None:
+    n_params = args.vocab * args.hidden * 2 + args.layers * (4 * args.hidden**2 + 3 * args.hidden * args.intermediate)
+    print(f"model: Llama {n_params / 1e6:.0f}M params (hidden {args.hidden}, {args.layers} layers), k={args.k} experts, "
+          f"LoRA r={args.rank} on {args.targets}, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens, "
+          f"{args.dtype} on {args.device}, {args.threads} threads")
+    single = results.get("single")
+    print(f"{'setup':<10} {'steps/s':>9} {'x single':>9} {'peak MiB':>9} {'x single':>9}")
+    for name, r in results.items():
+        speed = f"{r['steps_per_s'] / single['steps_per_s']:.2f}" if single else "-"
+        mem = f"{r['peak_bytes'] / single['peak_bytes']:.2f}" if single else "-"
+        print(f"{name:<10} {r['steps_per_s']:>9.1f} {speed:>9} {r['peak_bytes'] / 2**20:>9.0f} {mem:>9}")
+    comp = results.get("composed")
+    if comp:
+        for other in ("peft", "naive"):
+            if other in results:
+                print(f"composed / {other}: {comp['steps_per_s'] / results[other]['steps_per_s']:.2f}x steps/s")
+        share = comp["compose_s"] * comp["steps_per_s"]
+        print(f"composition (log_softmax + combine): {comp['compose_s'] * 1e3:.2f} ms = {share:.1%} of a composed step")
+
+
+if __name__ == "__main__":
+    main()
