@@ -11,9 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from transformers.utils import ModelOutput
 
 from .config import CompositionConfig
 from .grouped_lora import collect_lora_layers, grouped_lora
+from .io import atomic_dir
 from .loading import LoadOptions, attach_lora, check_same_vocabulary, expert_kind, load_model
 from .ops import apply_eos_policy, compose_logprobs, entropy, kl_divergence
 
@@ -232,9 +231,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         base = self.sources.get("base") or self._hf_model.config._name_or_path
         if not base or not Path(base).is_dir():
             raise ValueError(f"base: the composition does not know its base folder (got {base!r}); load it from a local folder")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-        try:
+        with atomic_dir(out) as tmp:
             experts = {}
             for name in self.experts:
                 if name in self.full_experts:
@@ -247,11 +244,6 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             shutil.rmtree(tmp / "_peft", ignore_errors=True)
             meta = {"format": FORMAT, "base": str(Path(base).resolve()), "experts": experts, "composition": self.composition.to_dict()}
             (tmp / "composition.json").write_text(json.dumps(meta, indent=2) + "\n")
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         return out
 
     @classmethod

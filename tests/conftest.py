@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,3 +56,7 @@ def toy_factorised(tmp_path_factory):
 @pytest.fixture(scope="session")
 def toy_entangled(tmp_path_factory):
     return _toy_world(tmp_path_factory, "entangled")
+
+
+# scripts/ are thin drivers; tests call their functions (e.g. scripts/toy_composition.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))

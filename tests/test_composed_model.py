@@ -237,3 +237,26 @@ def test_pickled_weights_need_opt_in(tiny, tmp_path):
         ComposedModelForCausalLM.from_experts(tiny.base, {"p": tmp_path})
     composed = ComposedModelForCausalLM.from_experts(tiny.base, {"p": tmp_path}, allow_pickle=True)
     assert composed.experts == ["p"]
+
+
+def test_custom_stopping_criteria(tiny, tok):
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class AfterThree(StoppingCriteria):
+        def __init__(self, start):
+            self.start = start
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] - self.start >= 3, dtype=torch.bool)
+
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "b"]))
+    batch = _left_padded(tok, PROMPTS[:2])
+    start = batch.input_ids.shape[1]
+    out = composed.generate(**batch, max_new_tokens=10, min_new_tokens=10, stopping_criteria=StoppingCriteriaList([AfterThree(start)]))
+    assert out.shape[1] == start + 3
+
+
+def test_dora_adapters_are_refused(tiny, tmp_path):
+    dora = make_tiny_lora(tiny.base, tmp_path / "dora", seed=5, r=2, lora_alpha=2, target_modules=["q_proj"], use_dora=True)
+    with pytest.raises(ValueError, match=r"expert 'd', module .*q_proj: DoRA and other LoRA variants are not supported"):
+        ComposedModelForCausalLM.from_experts(tiny.base, {"d": dora})

@@ -12,9 +12,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -23,6 +20,8 @@ import torch
 from peft import PeftModel
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from logitcomp.io import atomic_dir
 
 from .data import RULES, TASKS, make_eval_set
 from .evaluate import exact_match
@@ -50,7 +49,7 @@ class ToyConfig:
     experts: tuple[str, ...] = ("a2b", "c2d", "e2f")
     hidden_size: int = 128
     num_layers: int = 2
-    base_steps: int = 1500
+    base_steps: int = 2000
     expert_steps: int = 400
     batch_size: int = 64
     base_lr: float = 3e-3
@@ -167,10 +166,8 @@ def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = F
     root = Path(root).resolve()
     if root.exists() and any(root.iterdir()) and not force:
         raise FileExistsError(f"{root}: folder is not empty; choose another DIR or pass --force to replace it")
-    root.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
-    try:
+    with atomic_dir(root) as tmp:
         losses = _train_all(tmp, config)
         for rule in config.experts:
             _point_adapter_at(tmp / "experts" / rule, root / "base")
@@ -179,7 +176,6 @@ def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = F
         for rule in config.experts:
             checksums[rule] = tensor_checksum(tmp / "experts" / rule / "adapter_model.safetensors")
         checksums["world"] = hashlib.sha256("".join(checksums.values()).encode()).hexdigest()
-        build_seconds = time.perf_counter() - start
         meta = {
             "variant": config.variant,
             "config": asdict(config),
@@ -189,16 +185,11 @@ def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = F
             "accuracy_tasks": {m: _own_task(m) for m in accuracy},
             "final_train_loss": losses,
             "checksums": checksums,
-            "build_seconds": round(build_seconds, 1),
+            "build_seconds": round(time.perf_counter() - start, 1),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         }
         (tmp / "toy.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if root.exists():
-            shutil.rmtree(root)
-        os.replace(tmp, root)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return ToyWorld.load(root)
 
 
