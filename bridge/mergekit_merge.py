@@ -1,0 +1,103 @@
+"""Parameter-space merges with mergekit, in-process, never asking the hub.
+
+Pitfalls handled here (../shared/GOTCHAS.md): every path is absolute (a relative or missing path
+makes mergekit look on the hub); a `+` inside a path would break mergekit's `base+adapter` syntax;
+LoRA experts need a LoRA merge cache, and mergekit's process-wide loader cache returns stale
+weights when an adapter changes at the same path, so each call gets a fresh cache folder and the
+loader cache is cleared.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from logitcomp.io import atomic_dir
+
+from .inputs import resolve
+
+log = logging.getLogger(__name__)
+CONFIG_NAME = "mergekit_config.yml"
+
+
+def merge_methods() -> dict:
+    """mergekit's registered merge methods by name."""
+    from mergekit.merge_methods.registry import registered_methods
+
+    return {m.spec.name: m for m in registered_methods()}
+
+
+def mergekit_config(base, experts: dict, weights: dict | None = None, method: str = "task_arithmetic",
+                    parameters: dict | None = None, dtype: str = "float32") -> dict:
+    """The mergekit configuration of a merge, as a dict a user can save and give to `mergekit-yaml`.
+
+    Args:
+        base: the base model folder.
+        experts: name -> folder of a peft LoRA adapter of the base (referenced as `base+adapter`)
+            or of a full fine-tune.
+        weights: name -> weight (1.0 for every expert left out), given to methods that take one.
+        method: a mergekit merge method name.
+        parameters: method-level parameters (e.g. `normalize`, `density`, `lambda`).
+        dtype: mergekit's output dtype.
+
+    Methods whose mergekit contract ignores the base (`linear`, `karcher`, `passthrough`) merge
+    the experts alone; the others get `base_model`.
+
+    Raises:
+        ValueError: an unknown method (the valid names are listed), a bad path or weight.
+    """
+    methods = merge_methods()
+    if method not in methods:
+        raise ValueError(f"method: unknown merge method {method!r}; mergekit has {sorted(methods)}")
+    base_path, resolved = resolve(base, experts, weights)
+    for path in [base_path, *(e.path for e in resolved)]:
+        if "+" in str(path):
+            raise ValueError(f"{path}: mergekit cannot read a path holding '+'; move or link the folder")
+    takes_weight = any(p.name == "weight" for p in methods[method].spec.parameters)
+    models = []
+    for e in resolved:
+        entry = {"model": f"{base_path}+{e.path}" if e.kind == "lora" else str(e.path)}
+        if takes_weight:
+            entry["parameters"] = {"weight": e.weight}
+        models.append(entry)
+    config = {"merge_method": method, "models": models, "dtype": dtype}
+    if methods[method].spec.contract.base.value != "ignored":  # e.g. linear averages the models alone
+        config["base_model"] = str(base_path)
+    if parameters:
+        config["parameters"] = dict(parameters)
+    return config
+
+
+def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, method: str = "task_arithmetic",
+                    parameters: dict | None = None, *, device: str = "cpu", dtype: str = "float32") -> Path:
+    """Merge experts into their base with mergekit and write a Hugging Face model folder.
+
+    With the default method, θ = θ_b + Σ_i w_i · Δθ_i (for LoRA experts Δθ_i = s_i B_i A_i).
+    The folder holds safetensors weights, config, tokenizer and `mergekit_config.yml`.
+
+    Returns:
+        The output folder (absolute).
+    """
+    from mergekit.config import MergeConfiguration
+    from mergekit.io.tasks import LoaderCache
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+
+    config = mergekit_config(base, experts, weights, method, parameters, dtype)
+    try:
+        merge_config = MergeConfiguration.model_validate(config)
+    except Exception as exc:  # pydantic's message names the field
+        raise ValueError(f"mergekit rejected the configuration: {str(exc).splitlines()[0]}") from exc
+    out = Path(out_dir).expanduser().resolve()
+    with atomic_dir(out) as tmp, tempfile.TemporaryDirectory(prefix="logitcomp-lora-cache-") as cache:
+        LoaderCache().loaders.clear()  # a changed adapter at the same path must not be served stale
+        options = MergeOptions(lora_merge_cache=cache, write_model_card=False, copy_tokenizer=True,
+                               cuda=device.startswith("cuda"), device=device, quiet=True)
+        run_merge(merge_config, str(tmp), options)
+        LoaderCache().loaders.clear()
+        (tmp / CONFIG_NAME).write_text(yaml.safe_dump(config, sort_keys=False))
+    log.info("merged %d experts with %s into %s", len(experts), method, out)
+    return out
