@@ -92,7 +92,8 @@ class Comparison:
 
 
 @torch.no_grad()
-def compare(composed, merged, inputs, attention_mask: torch.Tensor | None = None, threshold: float = 0.1) -> Comparison:
+def compare(composed, merged, inputs, attention_mask: torch.Tensor | None = None, threshold: float = 0.1,
+            score: torch.Tensor | None = None) -> Comparison:
     """Compare a `ComposedModelForCausalLM` with a merged causal LM on the same token sequences.
 
     Args:
@@ -101,6 +102,8 @@ def compare(composed, merged, inputs, attention_mask: torch.Tensor | None = None
         inputs: input ids (B, T), or a mapping with `input_ids` and `attention_mask`.
         attention_mask: (B, T), 0 on left padding.
         threshold: nats of KL(p_i ‖ p_b) above which an expert counts as active.
+        score: (B, T) bool, the positions the summary counts (e.g. those that predict the answer);
+            default every non-padding position.
     """
     if isinstance(inputs, Mapping):
         attention_mask = inputs.get("attention_mask", attention_mask)
@@ -116,6 +119,6 @@ def compare(composed, merged, inputs, attention_mask: torch.Tensor | None = None
         kl_merged_composed=kl_divergence(merged_lp, lc),
         argmax_agree=lc.argmax(-1) == merged_lp.argmax(-1),
         activity=out.trace.kl,
-        valid=mask.bool(),
+        valid=mask.bool() if score is None else mask.bool() & score.bool(),
         threshold=threshold,
     )

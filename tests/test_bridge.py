@@ -218,3 +218,12 @@ def test_compare_reports_kl_agreement_activity_and_overlap(tiny, merged, tmp_pat
     assert saved["summary"]["experts"] == ["a", "b", "c"] and saved["kl_composed_merged"][0][0] is None
     png = result.plot_activity(tmp_path / "activity.png", row=1, tokens=[str(t) for t in row])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_counts_only_the_scored_positions(tiny, merged):
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"]})
+    ids = torch.tensor([[1, 5, 6, 7, 4, 9, 10]])
+    score = torch.tensor([[False] * 4 + [True] * 3])
+    result = bridge.compare(composed, AutoModelForCausalLM.from_pretrained(merged["ta"]), ids, score=score)
+    assert result.summary()["tokens"] == 3
+    assert result.summary()["kl_composed_merged_max"] == result.kl_composed_merged[0, 4:].max().item()
