@@ -26,7 +26,8 @@ test-fast: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q -m "not slow"
 
 demo: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/logitcomp toy build $(TOY_DIR) --if-missing
+	$(OFFLINE) $(VENV)/bin/logitcomp -q toy build $(TOY_DIR) --if-missing
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/toy-letters.yaml
 
 clean:
 	rm -rf $(VENV) $(TOY_DIR) .pytest_cache

@@ -42,7 +42,7 @@ def expert_kind(name: str, path: Path) -> str:
     raise ValueError(f"expert {name!r}: {path} is neither a peft adapter (adapter_config.json) nor a model folder (config.json)")
 
 
-def _check_safe(label: str, path: Path, allow_pickle: bool) -> None:
+def check_safetensors(label: str, path: Path, allow_pickle: bool) -> None:
     if allow_pickle or list(path.glob("*.safetensors")):
         return
     pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
@@ -55,7 +55,7 @@ def load_model(label: str, path: Path, options: LoadOptions):
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ValueError(f"{label}: {path} is not a model folder (no config.json)")
-    _check_safe(label, path, options.allow_pickle)
+    check_safetensors(label, path, options.allow_pickle)
     model = AutoModelForCausalLM.from_pretrained(
         path,
         dtype=options.dtype,
@@ -95,7 +95,7 @@ def check_adapter_base(name: str, adapter_dir: Path, base_dir: Path) -> None:
 def attach_lora(model, name: str, adapter_dir: Path, base_dir: Path, options: LoadOptions):
     """Load adapter `name` into `model` (a PeftModel after the first). Returns the PeftModel."""
     check_adapter_base(name, adapter_dir, base_dir)
-    _check_safe(f"expert {name!r}", adapter_dir, options.allow_pickle)
+    check_safetensors(f"expert {name!r}", adapter_dir, options.allow_pickle)
     try:
         if isinstance(model, PeftModel):
             model.load_adapter(adapter_dir, adapter_name=name, is_trainable=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 log = logging.getLogger("logitcomp")
@@ -51,6 +52,68 @@ def _toy_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from .runner import run_recipe
+
+    run_recipe(args.recipe, force=args.force, dry_run=args.dry_run)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .recipe import load_recipe
+    from .runner import check_inputs, plan
+
+    recipe, paths = load_recipe(args.recipe)
+    check_inputs(recipe, paths)
+    print(f"{args.recipe}: valid ({len(plan(recipe))} variants, tasks {', '.join(recipe.evaluate.tasks)})")
+    return 0
+
+
+def _recipe_models(path):
+    """Load a recipe, check its models offline, then fetch hub references."""
+    from .recipe import load_recipe
+    from .runner import check_inputs
+
+    recipe, paths = load_recipe(path)
+    check_inputs(recipe, paths, check_tasks=False)
+    paths.fetch()
+    return recipe, paths
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from .runner import build_merges
+
+    recipe, paths = _recipe_models(args.recipe)
+    for kind, path in build_merges(recipe, paths).items():
+        size = sum(p.stat().st_size for p in path.glob("*.safetensors")) / 2**20
+        print(f"{kind:<12} {path}  ({size:.2f} MiB of safetensors)")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from .runner import load_composed
+
+    recipe, paths = _recipe_models(args.recipe)
+    composed = load_composed(recipe, paths)
+    tokenizer = AutoTokenizer.from_pretrained(paths.base)
+    batch = tokenizer([args.prompt], return_tensors="pt").to(composed.device)
+    with torch.no_grad():
+        out = composed.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False)
+    new = out[0, batch.input_ids.shape[1]:]
+    print(tokenizer.decode(new, skip_special_tokens=True))
+    if args.trace:
+        trace = composed.trace(out)  # position t scores token t + 1
+        start = batch.input_ids.shape[1] - 1
+        print("token      " + " ".join(f"{e:>10}" for e in trace.experts) + "    entropy")
+        for i, token in enumerate(tokenizer.convert_ids_to_tokens(new.tolist())):
+            kl = " ".join(f"{v:>10.3f}" for v in trace.kl[0, start + i].tolist())
+            print(f"{token!r:<10} {kl} {trace.entropy[0, start + i].item():>10.3f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `logitcomp` console script."""
     parser = argparse.ArgumentParser(prog="logitcomp", description=__doc__.splitlines()[0])
@@ -70,12 +133,31 @@ def build_parser() -> argparse.ArgumentParser:
     tasks = toy.add_parser("tasks", help="write the toy lm-eval tasks (jsonl + YAML) into DIR")
     tasks.add_argument("dir", metavar="DIR")
     tasks.set_defaults(func=_toy_tasks)
+
+    run = sub.add_parser("run", help="evaluate base / experts / composed / merged through lm-eval")
+    run.add_argument("recipe", metavar="RECIPE.yaml")
+    run.add_argument("--force", action="store_true", help="recompute finished variants; overwrite another recipe's output")
+    run.add_argument("--dry-run", action="store_true", help="print the plan without loading a model")
+    run.set_defaults(func=_run)
+    validate = sub.add_parser("validate", help="check a recipe without running it")
+    validate.add_argument("recipe", metavar="RECIPE.yaml")
+    validate.set_defaults(func=_validate)
+    merge = sub.add_parser("merge", help="build the recipe's merges only (mergekit and merge-as-LoRA)")
+    merge.add_argument("recipe", metavar="RECIPE.yaml")
+    merge.set_defaults(func=_merge)
+    gen = sub.add_parser("generate", help="compose the recipe's experts and generate from a prompt")
+    gen.add_argument("--recipe", required=True, metavar="RECIPE.yaml")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--trace", action="store_true", help="print each expert's activity KL(p_i || p_b) per token")
+    gen.set_defaults(func=_generate)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `logitcomp` console script."""
     args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft calling a deprecated transformers API
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from transformers.utils import logging as hf_logging
 

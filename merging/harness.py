@@ -1,8 +1,16 @@
-"""lm-eval integration.
+"""lm-eval integration: the `logitcomp` model and the `logitcomp-lm-eval` console script.
 
-`logitcomp-lm-eval` is lm-eval's own command line (every lm_eval flag) with this project's
-task folder on the include path by default, so `logitcomp-lm-eval --model hf
---model_args pretrained=toy_world/base --tasks toy_identity` works from any directory.
+The composed model is an lm-eval model of its own: loglikelihood, loglikelihood_rolling and
+generate_until all run through the composition (lm-eval's HFLM does the batching, and stops
+generation on the task's `until` strings while generating, with its stopping criteria).
+
+model_args (lm-eval splits them on commas, so lists use `|` and `name:value`):
+    pretrained=DIR                                  a folder written by ComposedModelForCausalLM.save_pretrained
+    base=DIR,experts=a2b:DIR1|c2d:DIR2              or a base and experts inline
+    weights=a2b:1.0|c2d:0.5                         optional weights (default 1.0 each)
+    eos_policy=any,floor=-1e4                       any CompositionConfig option
+    allow_pickle=true,trust_remote_code=true        opt-ins
+plus every HFLM argument (batch_size, max_length, ...).
 """
 
 from __future__ import annotations
@@ -10,11 +18,62 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from transformers import AutoTokenizer
+
+from logitcomp import ComposedModelForCausalLM, CompositionConfig
+
 TASKS_DIR = Path(__file__).resolve().parent.parent / "recipes" / "tasks"
 
 
+def parse_pairs(field: str, text: str) -> dict[str, str]:
+    """`a:x|b:y` -> {"a": "x", "b": "y"}. Raises ValueError naming `field` on bad syntax or duplicates."""
+    pairs = {}
+    for item in str(text).split("|"):
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip() or not value.strip():
+            raise ValueError(f"{field}: expected name:value items joined by '|', got {text!r}")
+        if name.strip() in pairs:
+            raise ValueError(f"{field}: duplicate name {name.strip()!r}")
+        pairs[name.strip()] = value.strip()
+    return pairs
+
+
+def _flag(value) -> bool:
+    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+
+
+@register_model("logitcomp")
+class LogitcompLM(HFLM):
+    """lm-eval model over a `ComposedModelForCausalLM` (see the module docstring for model_args)."""
+
+    def __init__(self, pretrained=None, base=None, experts=None, weights=None, eos_policy=None, floor=None,
+                 allow_pickle=False, trust_remote_code=False, dtype=None, device="cpu", **kwargs):
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            device = "cpu"  # lm-eval's CLI defaults to cuda:0; HFLM falls back to the CPU too
+        options = dict(dtype=None if dtype in (None, "auto") else dtype, device=device,
+                       allow_pickle=_flag(allow_pickle), trust_remote_code=_flag(trust_remote_code))
+        if isinstance(pretrained, ComposedModelForCausalLM):
+            composed = pretrained
+        elif pretrained is not None:
+            composed = ComposedModelForCausalLM.from_pretrained(pretrained, **options)
+        elif base is not None and experts is not None:
+            config = CompositionConfig(
+                weights={k: float(v) for k, v in parse_pairs("weights", weights).items()} if weights else {},
+                **({"eos_policy": eos_policy} if eos_policy else {}),
+                **({"floor": float(floor)} if floor is not None else {}),
+            )
+            composed = ComposedModelForCausalLM.from_experts(base, parse_pairs("experts", experts), config=config, **options)
+        else:
+            raise ValueError("model_args: expected pretrained=<composed folder>, or base=<folder> and experts=name:folder|...")
+        tokenizer = kwargs.pop("tokenizer", None) or AutoTokenizer.from_pretrained(composed.sources["base"])
+        super().__init__(pretrained=composed, tokenizer=tokenizer, **kwargs)
+
+
 def lm_eval_main(argv: list[str] | None = None) -> None:
-    """Run lm-eval's CLI, adding `--include_path <recipes/tasks>` unless one is given."""
+    """lm-eval's CLI with the `logitcomp` model registered and `recipes/tasks` on the include path."""
     from lm_eval.__main__ import cli_evaluate
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -1,0 +1,185 @@
+"""YAML recipes: one base, its experts, composition and merge settings, and the lm-eval tasks.
+
+Paths in a recipe are relative to the recipe file. Unknown keys, duplicate keys and YAML object
+tags are refused with one line that names the key and the allowed ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from logitcomp.ops import DEFAULT_FLOOR, EOS_POLICIES
+
+VARIANTS = ("base", "experts", "composed", "merged", "merged_lora")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; the message is one line naming the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = [k for k in data if k not in cls.model_fields]
+            if unknown:
+                raise ValueError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(cls.model_fields)}")
+        return data
+
+
+class ExpertSpec(_Strict):
+    path: str
+    weight: float = 1.0
+
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _number(cls, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number, got {value!r}")
+        return value
+
+
+class ComposeSpec(_Strict):
+    floor: float = DEFAULT_FLOOR
+    eos_policy: Literal[EOS_POLICIES] = "compose"  # type: ignore[valid-type]
+    masks: dict[str, list[int]] = Field(default_factory=dict)
+
+
+class MergeSpec(_Strict):
+    method: str = "task_arithmetic"
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    lora: bool = True  # also build merge-as-LoRA (the merged_lora variant)
+
+
+class EvaluateSpec(_Strict):
+    tasks: list[str]
+    include_path: str | None = None
+    limit: float | None = None
+    num_fewshot: int | None = None
+    batch_size: int = 16
+    device: str = "cpu"
+    dtype: str = "float32"
+    gen_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class Recipe(_Strict):
+    name: str
+    base: str
+    experts: dict[str, ExpertSpec]
+    compose: ComposeSpec = ComposeSpec()
+    merge: MergeSpec = MergeSpec()
+    evaluate: EvaluateSpec
+    variants: list[Literal[VARIANTS]] = list(VARIANTS)  # type: ignore[valid-type]
+    output: str
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+    @field_validator("experts", mode="before")
+    @classmethod
+    def _shorthand(cls, value):
+        if isinstance(value, dict):  # `name: path` is short for `name: {path: path}`
+            return {k: {"path": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _cross_fields(self):
+        if not self.experts:
+            raise ValueError("experts: expected at least one expert")
+        if "merged_lora" in self.variants and not self.merge.lora:
+            raise ValueError("variants: merged_lora needs merge.lora: true")
+        for name in self.compose.masks:
+            if name not in self.experts:
+                raise ValueError(f"compose.masks: unknown expert {name!r}; the experts are {list(self.experts)}")
+        return self
+
+    # ---- paths relative to the recipe file -------------------------------------------------
+    def resolve(self, root: Path) -> ResolvedPaths:
+        return ResolvedPaths(self, Path(root))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.to_yaml().encode()).hexdigest()[:16]
+
+
+HUB = "hf://"  # `hf://org/name` names a Hugging Face Hub repository instead of a folder
+
+
+class ResolvedPaths:
+    """Absolute paths of a recipe, resolved against the folder of its file.
+
+    Hub references (`hf://org/name`) stay strings until `fetch()` downloads them; offline checks
+    (`validate`, `run --dry-run`) skip them.
+    """
+
+    def __init__(self, recipe: Recipe, root: Path):
+        at = lambda p: p if p.startswith(HUB) else (root / p).resolve()  # noqa: E731
+        self.base = at(recipe.base)
+        self.experts = {n: at(e.path) for n, e in recipe.experts.items()}
+        self.output = (root / recipe.output).resolve()
+        self.include_path = (root / recipe.evaluate.include_path).resolve() if recipe.evaluate.include_path else None
+
+    def fetch(self) -> None:
+        """Replace hub references by local snapshots (needs the hub, unless already cached)."""
+        from huggingface_hub import snapshot_download
+
+        def get(field: str, ref):
+            if not isinstance(ref, str):
+                return ref
+            try:
+                return Path(snapshot_download(ref[len(HUB):], allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+            except Exception as exc:  # offline, gated or missing: one line naming the reference
+                raise RecipeError(f"{field}: cannot fetch {ref} ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+
+        self.base = get("base", self.base)
+        self.experts = {n: get(f"experts.{n}", p) for n, p in self.experts.items()}
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "recipe"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}"
+
+
+def load_recipe(path) -> tuple[Recipe, ResolvedPaths]:
+    """Parse and validate a recipe file. Raises RecipeError with one line naming the file and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"{path}: no such recipe file")
+    try:
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError(f"{path}{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: expected a mapping of recipe keys")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(f"{path}: {_one_line(exc)}") from None
+    return recipe, recipe.resolve(path.parent)

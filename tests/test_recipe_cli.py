@@ -1,0 +1,129 @@
+"""Recipes and the CLI: schema, validation, and bad input (exit 2, one line naming the field or file, nothing written)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+from common import make_tiny_llama, make_tiny_lora
+from merging.recipe import Recipe, RecipeError, load_recipe
+
+TASKS = Path(__file__).resolve().parent.parent / "recipes" / "tasks"
+
+
+def write_recipe(tmp_path: Path, tiny, **changes) -> Path:
+    data = {
+        "name": "tiny",
+        "base": str(tiny.base),
+        "experts": {"a": {"path": str(tiny.adapters["a"]), "weight": 1.0}, "b": str(tiny.adapters["b"])},
+        "evaluate": {"tasks": ["toy_a2b_c2d"], "include_path": str(TASKS), "limit": 4, "batch_size": 4},
+        "output": "out",
+    }
+    for key, value in changes.items():
+        data[key] = value
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "merging.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_schema_round_trips_and_resolves_paths_against_the_file(tiny, tmp_path):
+    recipe, paths = load_recipe(write_recipe(tmp_path, tiny))
+    assert Recipe.model_validate(yaml.safe_load(recipe.to_yaml())) == recipe
+    assert recipe.experts["b"].weight == 1.0 and recipe.variants == ["base", "experts", "composed", "merged", "merged_lora"]
+    assert paths.output == (tmp_path / "out").resolve()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\nbogus: 1\n", r"unknown key 'bogus'; allowed keys: name, base, experts"),
+        ("name: x\nname: y\n", r"line 2\): duplicate key 'name'"),
+        ("name: !!python/object:os.system x\n", r"could not determine a constructor for the tag"),
+    ],
+)
+def test_yaml_problems_are_one_line(tmp_path, text, message):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(path)
+
+
+def _assert_clean_failure(proc, pattern: str, tmp_path: Path):
+    import re
+
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_input_through_the_cli(tiny, tmp_path):
+    cases = [
+        (dict(experts={"a": {"path": str(tiny.adapters["a"]), "weight": "heavy"}}), r"experts\.a\.weight: expected a number"),
+        (dict(evaluate={"tasks": ["toy_a2b_c3d"], "include_path": str(TASKS)}), r"unknown lm-eval task 'toy_a2b_c3d'; did you mean toy_a2b_c2d"),
+        (dict(merge={"method": "avg"}), r"merge\.method: unknown merge method 'avg'; mergekit has"),
+        (dict(experts={"x": str(tmp_path)}), r"expert 'x': .* is neither a peft adapter"),
+        (dict(experts={"x": str(tmp_path / "missing")}), r"experts\.x: .*missing does not exist"),
+        (dict(base=str(tmp_path / "nobase")), r"base: .*nobase is not a model folder"),
+    ]
+    for i, (changes, pattern) in enumerate(cases):
+        command = "run" if i % 2 else "validate"  # both commands share the checks; alternate to keep the suite short
+        _assert_clean_failure(cli(command, write_recipe(tmp_path, tiny, **changes)), pattern, tmp_path)
+    _assert_clean_failure(cli("run", tmp_path / "absent.yaml"), r"absent\.yaml: no such recipe file", tmp_path)
+
+
+def test_adapter_of_another_base_and_pickles_are_refused(tiny, tmp_path):
+    other = make_tiny_llama(tmp_path / "other", seed=3)
+    stray = make_tiny_lora(other, tmp_path / "stray", seed=1, r=2, lora_alpha=2, target_modules=["q_proj"])
+    _assert_clean_failure(cli("run", write_recipe(tmp_path, tiny, experts={"s": str(stray)})), r"expert 's': .* is an adapter of .*other", tmp_path)
+    pickled = tmp_path / "pickled"
+    model = AutoModelForCausalLM.from_pretrained(tiny.full_expert)
+    model.config.save_pretrained(pickled)
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    _assert_clean_failure(cli("run", write_recipe(tmp_path, tiny, experts={"p": str(pickled)})), r"experts\.p: .* only pickled weights .*allow_pickle", tmp_path)
+    proc = cli("validate", write_recipe(tmp_path, tiny, experts={"p": str(pickled)}, allow_pickle=True))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_output_of_another_recipe_is_refused_unless_forced(tiny, tmp_path):
+    recipe = write_recipe(tmp_path, tiny)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "recipe.yaml").write_text("name: another\n")
+    proc = cli("run", recipe, "--dry-run")
+    assert proc.returncode == 2 and "holds results of a different recipe" in proc.stderr
+    assert (out / "recipe.yaml").read_text() == "name: another\n"
+    proc = cli("run", recipe, "--dry-run", "--force")
+    assert proc.returncode == 0 and "composed" in proc.stdout
+
+
+def test_debug_shows_the_traceback(tiny, tmp_path):
+    proc = cli("--debug", "validate", write_recipe(tmp_path, tiny, merge={"method": "avg"}))
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["toy-letters", "toy-letters-entangled", "toy-letters-3", "gemma2-2b-math-code"])
+def test_shipped_recipes_parse(name):
+    recipe, paths = load_recipe(TASKS.parent / f"{name}.yaml")
+    assert Recipe.model_validate(yaml.safe_load(recipe.to_yaml())) == recipe
+    assert paths.include_path is None or paths.include_path == TASKS
+
+
+def test_gemma_recipe_validates_and_dry_runs_offline():
+    recipe = TASKS.parent / "gemma2-2b-math-code.yaml"
+    assert cli("validate", recipe).returncode == 0
+    proc = cli("run", recipe, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    for row in ("base", "math", "code", "composed", "merged"):
+        assert row in proc.stdout
