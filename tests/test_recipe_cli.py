@@ -56,6 +56,14 @@ def test_yaml_problems_are_one_line(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(RecipeError, match=message):
         load_recipe(path)
+    _assert_clean_failure(cli("validate", path), message, tmp_path)
+
+
+def test_duplicate_expert_names_through_the_cli(tiny, tmp_path):
+    path = write_recipe(tmp_path, tiny)
+    text = path.read_text().replace("  b: ", f"  a: {tiny.adapters['b']}\n  b: ", 1)
+    path.write_text(text)
+    _assert_clean_failure(cli("run", path), r"duplicate key 'a'", tmp_path)
 
 
 def _assert_clean_failure(proc, pattern: str, tmp_path: Path):
