@@ -29,6 +29,17 @@ from .report import markdown_table, write_reports
 log = logging.getLogger(__name__)
 
 
+class _DropObjectModelWarnings(logging.Filter):
+    """HFLM warns on every in-memory model; the runner passes them on purpose (one load per variant)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("`pretrained` model kwarg is not of type") or msg.startswith("Passed an already-initialized model"))
+
+
+logging.getLogger("lm_eval.models.huggingface").addFilter(_DropObjectModelWarnings())
+
+
 @dataclass(frozen=True)
 class Variant:
     """One row of the comparison: `kind` is base, expert, composed, merged or merged_lora."""
