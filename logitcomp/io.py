@@ -10,6 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield an empty temporary sibling of `target`; on success it replaces `target`.
@@ -19,6 +25,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     target = Path(target).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary folder
     try:
         yield tmp
         if target.exists():
@@ -36,6 +43,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the result is an ordinary file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

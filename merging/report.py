@@ -50,7 +50,7 @@ def _bars(results: dict, tasks: list[str], title: str) -> bytes:
 
     variants = list(results)
     width = 0.8 / max(1, len(variants))
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tasks) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(tasks) + 3.5), 4))
     for i, variant in enumerate(variants):
         vals, errs = [], []
         for task in tasks:
@@ -61,7 +61,7 @@ def _bars(results: dict, tasks: list[str], title: str) -> bytes:
     ax.set_xticks([t + 0.4 - width / 2 for t in range(len(tasks))], tasks, rotation=20, ha="right")
     ax.set_ylabel("score")
     ax.set_title(title)
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a bar
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -113,3 +115,13 @@ def test_cli_build_prints_accuracy_and_time(tmp_path, capsys):
     out = capsys.readouterr().out
     for name in ("base", "a2b", "c2d", "e2f", "build time", "checksum"):
         assert name in out
+
+
+def test_outputs_have_ordinary_permissions(fast_world, tmp_path):
+    from logitcomp.io import atomic_write_bytes
+
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(fast_world.root.stat().st_mode) == 0o777 & ~mask
+    path = atomic_write_bytes(tmp_path / "x.json", b"{}")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask and path.read_bytes() == b"{}"
