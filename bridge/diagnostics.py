@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from logitcomp.io import atomic_write_bytes
+from logitcomp.model import position_ids
 from logitcomp.ops import kl_divergence
 
 
@@ -110,7 +111,7 @@ def compare(composed, merged, inputs, attention_mask: torch.Tensor | None = None
         inputs = inputs["input_ids"]
     mask = torch.ones_like(inputs) if attention_mask is None else attention_mask
     out = composed(inputs, attention_mask=mask, use_cache=False, output_trace=True)
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T), as the composed model derives them
+    positions = position_ids(mask)  # (B, T), as the composed model derives them
     merged_lp = torch.log_softmax(merged(input_ids=inputs, attention_mask=mask, position_ids=positions).logits.float(), -1)
     lc = out.logits  # (B, T, V)
     return Comparison(

@@ -9,7 +9,6 @@ so the scale is reset here (the scales are already folded into A).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from peft import PeftConfig, PeftModel
@@ -17,6 +16,7 @@ from peft.tuners.lora import LoraLayer
 from transformers import AutoModelForCausalLM
 
 from logitcomp.io import atomic_dir
+from logitcomp.loading import save_adapter
 
 from .inputs import resolve
 
@@ -58,14 +58,7 @@ def merge_as_lora(base, experts: dict, out_dir, weights: dict | None = None) -> 
             module.scaling[MERGED] = 1.0  # lora_alpha = r: the weights and scales live in A
     out = Path(out_dir).expanduser().resolve()
     with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp / "_peft", selected_adapters=[MERGED])
-        for item in (tmp / "_peft" / MERGED).iterdir():
-            shutil.move(str(item), tmp / item.name)
-        shutil.rmtree(tmp / "_peft")
-        cfg_path = tmp / "adapter_config.json"
-        cfg = json.loads(cfg_path.read_text())
-        cfg["base_model_name_or_path"] = str(base_path)
-        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        save_adapter(model, MERGED, tmp, base=base_path)
         (tmp / "merge.json").write_text(json.dumps(
             {"method": "task_arithmetic (peft add_weighted_adapter, cat)", "base": str(base_path),
              "experts": {e.name: {"path": str(e.path), "weight": e.weight} for e in resolved}}, indent=2) + "\n")

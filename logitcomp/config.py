@@ -52,6 +52,10 @@ class CompositionConfig:
             if unknown:
                 raise ValueError(f"{key}: unknown expert {unknown[0]!r}; the experts are {names}")
 
+    def with_weights(self, weights: dict[str, float]) -> CompositionConfig:
+        """A validated copy whose weights are these, over the current ones."""
+        return CompositionConfig(**{**self.to_dict(), "weights": {**self.weights, **weights}})
+
     def weight(self, name: str) -> float:
         return self.weights.get(name, 1.0)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,3 +116,26 @@ def check_same_vocabulary(name: str, expert_dir: Path, base_dir: Path, expert_mo
     if (expert_dir / "tokenizer.json").is_file() or (expert_dir / "tokenizer_config.json").is_file():
         if AutoTokenizer.from_pretrained(expert_dir).get_vocab() != AutoTokenizer.from_pretrained(base_dir).get_vocab():
             raise ValueError(f"expert {name!r}: {expert_dir} has another tokenizer vocabulary than the base {base_dir}")
+
+
+def save_adapter(model: PeftModel, adapter: str, dest: Path, base: Path | None = None) -> Path:
+    """Write one adapter of a PeftModel as a plain adapter folder `dest` (files at its top level).
+
+    peft writes a non-default adapter into a subfolder named after it; this hides that. With
+    `base`, adapter_config.json records that folder as the base (peft records wherever the base
+    was loaded from, e.g. a build's temporary folder).
+    """
+    dest = Path(dest)
+    with tempfile.TemporaryDirectory(dir=dest.parent if dest.parent.exists() else None) as tmp:
+        model.save_pretrained(tmp, selected_adapters=[adapter])
+        saved = Path(tmp) / adapter if adapter != "default" else Path(tmp)
+        dest.mkdir(parents=True, exist_ok=True)
+        for item in saved.iterdir():
+            if item.is_file():
+                shutil.move(str(item), dest / item.name)
+    if base is not None:
+        cfg_path = dest / "adapter_config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["base_model_name_or_path"] = str(Path(base).resolve())
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return dest

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from transformers.utils import ModelOutput
 from .config import CompositionConfig
 from .grouped_lora import collect_lora_layers, grouped_lora
 from .io import atomic_dir
-from .loading import LoadOptions, attach_lora, check_same_vocabulary, expert_kind, load_model
+from .loading import LoadOptions, attach_lora, check_same_vocabulary, expert_kind, load_model, save_adapter
 from .ops import apply_eos_policy, compose_logprobs, entropy, kl_divergence
 
 log = logging.getLogger(__name__)
@@ -64,12 +63,16 @@ class ComposedCausalLMOutput(ModelOutput):
     trace: CompositionTrace | None = None
 
 
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions counted from each row's first real token, so left padding does not shift them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def _positions(attention_mask: torch.Tensor | None, past: int, length: int, device) -> torch.Tensor:
-    """Position ids of the new tokens; left padding counts from each row's first real token."""
+    """Position ids of the new tokens (the last `length` of past + new)."""
     if attention_mask is None:
         return torch.arange(past, past + length, device=device).unsqueeze(0)  # (1, T)
-    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, past + T)
-    return pos[:, -length:]
+    return position_ids(attention_mask)[:, -length:]  # (B, T)
 
 
 class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
@@ -237,11 +240,8 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 if name in self.full_experts:
                     experts[name] = {"kind": "full", "path": str(Path(self.sources["full"][name]).resolve())}
                     continue
-                self.model.save_pretrained(tmp / "_peft", selected_adapters=[name])
-                saved = tmp / "_peft" / name if name != "default" else tmp / "_peft"
-                shutil.move(str(saved), tmp / "experts" / name)
+                save_adapter(self.model, name, tmp / "experts" / name)
                 experts[name] = {"kind": "lora", "path": f"experts/{name}"}
-            shutil.rmtree(tmp / "_peft", ignore_errors=True)
             meta = {"format": FORMAT, "base": str(Path(base).resolve()), "experts": experts, "composition": self.composition.to_dict()}
             (tmp / "composition.json").write_text(json.dumps(meta, indent=2) + "\n")
         return out
@@ -277,7 +277,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         base_path = Path(base_path)
         config = copy.deepcopy(config or CompositionConfig())
         if weights is not None:
-            config = CompositionConfig(**{**config.to_dict(), "weights": {**config.weights, **weights}})
+            config = config.with_weights(weights)
         model = load_model("base", base_path, options)
         full, full_paths = {}, {}
         for name, path in experts.items():
@@ -302,6 +302,5 @@ def compose(peft_model, experts: dict[str, float] | list[str], config: Compositi
     """
     names = list(experts)
     weights = dict(experts) if isinstance(experts, dict) else {}
-    config = copy.deepcopy(config or CompositionConfig())
-    config = CompositionConfig(**{**config.to_dict(), "weights": {**config.weights, **weights}})
+    config = (config or CompositionConfig()).with_weights(weights)
     return ComposedModelForCausalLM(peft_model, names, {}, config)

@@ -95,6 +95,7 @@ def make_step(setup: str, root: Path, args):
     from transformers import AutoModelForCausalLM
 
     from logitcomp import ComposedModelForCausalLM, compose_logprobs
+    from logitcomp.model import position_ids
 
     dtype, device = getattr(torch, args.dtype), args.device
     experts = {f"e{i}": root / f"e{i}" for i in range(args.k)}
@@ -126,7 +127,7 @@ def make_step(setup: str, root: Path, args):
         def step(ids, mask, cache):
             b = ids.shape[0]
             names = [n for n in ["__base__", *experts] for _ in range(b)]
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+            pos = position_ids(mask)[:, -ids.shape[1]:]
             out = model(input_ids=ids.repeat(groups, 1), attention_mask=mask.repeat(groups, 1), position_ids=pos.repeat(groups, 1),
                         cache=cache, use_cache=True, adapter_names=names, logits_to_keep=1)
             lp = out.logits[:, -1].view(groups, b, -1)  # (G, B, V)

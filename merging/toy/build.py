@@ -22,6 +22,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp.io import atomic_dir
+from logitcomp.loading import save_adapter
 
 from .data import RULES, TASKS, make_eval_set
 from .evaluate import exact_match
@@ -115,14 +116,6 @@ def _own_task(model_name: str) -> str:
     return "identity" if model_name == "base" else model_name
 
 
-def _point_adapter_at(adapter_dir: Path, base_dir: Path) -> None:
-    """Record the final base location in adapter_config.json (peft wrote the build's temp path)."""
-    cfg_path = adapter_dir / "adapter_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["base_model_name_or_path"] = str(base_dir.resolve())
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
 def _evaluate(tmp: Path, config: ToyConfig) -> dict[str, float]:
     """Reload every saved model from disk and score it on its own task."""
     tasks = {t.name: t for t in TASKS}
@@ -138,7 +131,7 @@ def _evaluate(tmp: Path, config: ToyConfig) -> dict[str, float]:
     return accuracy
 
 
-def _train_all(tmp: Path, config: ToyConfig) -> dict[str, float]:
+def _train_all(tmp: Path, config: ToyConfig, final_base: Path) -> dict[str, float]:
     corrupt = VARIANTS[config.variant]
     tokenizer = make_tokenizer()
     torch.manual_seed(config.seed)
@@ -150,7 +143,7 @@ def _train_all(tmp: Path, config: ToyConfig) -> dict[str, float]:
     for i, rule in enumerate(config.experts):
         fresh = AutoModelForCausalLM.from_pretrained(tmp / "base")
         expert, losses[rule] = train_expert(fresh, tokenizer, rule, settings, config.seed + 1 + i, config.lora_rank)
-        expert.save_pretrained(tmp / "experts" / rule)
+        save_adapter(expert, "default", tmp / "experts" / rule, base=final_base)  # the base's final place
     return losses
 
 
@@ -168,9 +161,7 @@ def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = F
         raise FileExistsError(f"{root}: folder is not empty; choose another DIR or pass --force to replace it")
     start = time.perf_counter()
     with atomic_dir(root) as tmp:
-        losses = _train_all(tmp, config)
-        for rule in config.experts:
-            _point_adapter_at(tmp / "experts" / rule, root / "base")
+        losses = _train_all(tmp, config, root / "base")
         accuracy = _evaluate(tmp, config)
         checksums = {"base": tensor_checksum(tmp / "base" / "model.safetensors")}
         for rule in config.experts:
