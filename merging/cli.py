@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `logitcomp` console script."""
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft calling a deprecated transformers API
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    level = logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("lm_eval").setLevel(level)  # lm-eval sets its own loggers to INFO
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-file "Loading weights" bars drown our own progress

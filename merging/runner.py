@@ -29,15 +29,20 @@ from .report import markdown_table, write_reports
 log = logging.getLogger(__name__)
 
 
-class _DropObjectModelWarnings(logging.Filter):
-    """HFLM warns on every in-memory model; the runner passes them on purpose (one load per variant)."""
+class _DropWarnings(logging.Filter):
+    """Drops lm-eval warnings about what the runner does on purpose: HFLM warns on every in-memory
+    model (the runner loads each variant once), and every `custom_dataset` task (how the shipped
+    tasks read their jsonl beside the YAML) advises `--metadata` at every load."""
+
+    PREFIXES = ("`pretrained` model kwarg is not of type", "Passed an already-initialized model")
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
-        return not (msg.startswith("`pretrained` model kwarg is not of type") or msg.startswith("Passed an already-initialized model"))
+        return not (msg.startswith(self.PREFIXES) or "Custom kwargs can be passed to `--metadata`" in msg)
 
 
-logging.getLogger("lm_eval.models.huggingface").addFilter(_DropObjectModelWarnings())
+for _name in ("lm_eval.models.huggingface", "lm_eval.api.task"):
+    logging.getLogger(_name).addFilter(_DropWarnings())
 
 
 @dataclass(frozen=True)

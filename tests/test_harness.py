@@ -3,6 +3,9 @@ against lm-eval's own HFLM on separately loaded models that the composition must
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
@@ -46,3 +49,15 @@ def test_inline_model_args_and_their_errors(tiny):
         parse_pairs("weights", "a:1|a:2")
     with pytest.raises(ValueError, match=r"model_args: expected pretrained="):
         LogitcompLM(batch_size=1)
+
+
+def test_plain_lm_eval_finds_the_model_through_the_installed_hook():
+    # A fresh interpreter that never imports this project: the .pth installed with the package must
+    # make lm-eval 0.4.13 (no entry points) resolve `logitcomp`, lazily, without hiding its own models.
+    code = ("import sys, lm_eval.models; from lm_eval.api.registry import get_model, model_registry; "
+            "assert model_registry._objs['logitcomp'] == 'merging.harness:LogitcompLM'; "
+            "assert 'merging.harness' not in sys.modules; "
+            "print(get_model('logitcomp').__module__, get_model('hf').__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["merging.harness", "HFLM"]

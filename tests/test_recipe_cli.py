@@ -36,6 +36,10 @@ def cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "merging.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
+def _tree(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
 def test_schema_round_trips_and_resolves_paths_against_the_file(tiny, tmp_path):
     recipe, paths = load_recipe(write_recipe(tmp_path, tiny))
     assert Recipe.model_validate(yaml.safe_load(recipe.to_yaml())) == recipe
@@ -67,6 +71,8 @@ def test_duplicate_expert_names_through_the_cli(tiny, tmp_path):
 
 
 def _assert_clean_failure(proc, pattern: str, tmp_path: Path):
+    """Exit 2, one line matching `pattern`, and nothing written: no output folder, and every file
+    under tmp_path (recipe, models, adapters) was already there when the recipe was written."""
     import re
 
     assert proc.returncode == 2, proc.stderr
@@ -74,6 +80,8 @@ def _assert_clean_failure(proc, pattern: str, tmp_path: Path):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert re.search(pattern, lines[0]), lines[0]
     assert not (tmp_path / "out").exists()
+    recipe_time = max(p.stat().st_mtime_ns for p in tmp_path.glob("*.yaml"))
+    assert not [name for name, mtime in _tree(tmp_path).items() if mtime > recipe_time], _tree(tmp_path)
 
 
 def test_bad_input_through_the_cli(tiny, tmp_path):

@@ -36,12 +36,17 @@ def test_toy_recipe_composed_solves_the_pair_task_and_lm_eval_cli_agrees(toy_fac
     assert json.loads((out / "results.json").read_text())["recipe"]["name"] == "toy-letters"
     assert list((out / "lm_eval" / "composed").rglob("samples_toy_a2b_c2d_*.jsonl"))
 
+    # The same number from lm-eval's own command (found through the installed .pth hook) and from
+    # the logitcomp-lm-eval wrapper.
     args = f"base={world.base},experts=a2b:{world.expert('a2b')}|c2d:{world.expert('c2d')}"
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "logitcomp-lm-eval"), "--model", "logitcomp", "--model_args", args,
-         "--tasks", "toy_a2b_c2d", "--batch_size", "50", "--output_path", str(tmp_path / "cli")],
-        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    saved = json.loads(next((tmp_path / "cli").rglob("results_*.json")).read_text())
-    assert saved["results"]["toy_a2b_c2d"]["exact_match,none"] == pair["composed"]
+    bindir = Path(sys.executable).parent
+    for command in (["lm_eval", "--include_path", str(TASKS)], ["logitcomp-lm-eval"]):
+        cli = tmp_path / command[0]
+        proc = subprocess.run(
+            [str(bindir / command[0]), *command[1:], "--model", "logitcomp", "--model_args", args,
+             "--tasks", "toy_a2b_c2d", "--batch_size", "50", "--output_path", str(cli)],
+            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        saved = json.loads(next(cli.rglob("results_*.json")).read_text())
+        assert saved["results"]["toy_a2b_c2d"]["exact_match,none"] == pair["composed"], command[0]
