@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TOY_DIR ?= toy_world
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup test test-fast demo clean
+.PHONY: setup test test-fast demo smol clean
 
 setup: $(STAMP)
 
@@ -29,5 +29,12 @@ demo: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q toy build $(TOY_DIR) --if-missing
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/toy-letters.yaml
 
+# The SmolLM2 world (a real LLM, see the README): convert, train the three experts (~10 min each),
+# run recipes/smol-math-code.yaml (it runs model-written code in a sandbox: HF_ALLOW_CODE_EVAL=1 opts in).
+smol: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts math,code,shout
+	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/smol-math-code.yaml
+
 clean:
-	rm -rf $(VENV) $(TOY_DIR) .pytest_cache
+	rm -rf $(VENV) $(TOY_DIR) smol_world .pytest_cache

@@ -6,9 +6,11 @@ Every user-facing failure is one line on stderr and a non-zero exit; `--debug` s
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 log = logging.getLogger("logitcomp")
@@ -46,6 +48,38 @@ def _print_world(world, bar: float) -> None:
 
 def _toy_tasks(args: argparse.Namespace) -> int:
     from .toy import write_task_files
+
+    for path in write_task_files(Path(args.dir)):
+        print(path)
+    return 0
+
+
+def _smol_build(args: argparse.Namespace) -> int:
+    from .smol.convert import build_smol
+
+    meta = build_smol(Path(args.dir), force=args.force)
+    print(f"SmolLM2: {Path(args.dir).resolve() / 'base'}  {meta['parameters']:,} parameters, vocab {meta['vocab_size']}")
+    print(f"check: {meta['check']['prompt']!r} -> {meta['check']['greedy_answer']!r}")
+    return 0
+
+
+def _smol_train(args: argparse.Namespace) -> int:
+    from .smol.train import SmolExpertConfig, train_smol_expert
+
+    config = SmolExpertConfig(steps=args.steps, seed=args.seed)
+    for name in args.experts.split(","):
+        done = Path(args.dir) / "experts" / name / "train.json"
+        if done.exists() and not args.force and json.loads(done.read_text())["config"] == asdict(config):
+            meta = json.loads(done.read_text())
+            print(f"{name}: already trained in {done.parent} (pass --force to train again)")
+        else:
+            meta = train_smol_expert(Path(args.dir), name, config)
+        print(f"{name}: {meta['config']['steps']} steps in {meta['train_seconds']:.0f} s, final loss {meta['final_loss']}")
+    return 0
+
+
+def _smol_tasks(args: argparse.Namespace) -> int:
+    from .smol.data import write_task_files
 
     for path in write_task_files(Path(args.dir)):
         print(path)
@@ -133,6 +167,22 @@ def build_parser() -> argparse.ArgumentParser:
     tasks = toy.add_parser("tasks", help="write the toy lm-eval tasks (jsonl + YAML) into DIR")
     tasks.add_argument("dir", metavar="DIR")
     tasks.set_defaults(func=_toy_tasks)
+
+    smol = sub.add_parser("smol", help="the SmolLM2-135M-Instruct world (a real LLM, offline)").add_subparsers(dest="smol_command", required=True)
+    build = smol.add_parser("build", help="convert SmolLM2 from its PyPI wheel into DIR/base (safetensors)")
+    build.add_argument("dir", metavar="DIR")
+    build.add_argument("--force", action="store_true", help="convert again when DIR already holds it")
+    build.set_defaults(func=_smol_build)
+    train = smol.add_parser("train", help="train LoRA experts of DIR/base into DIR/experts/NAME")
+    train.add_argument("dir", metavar="DIR")
+    train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout")
+    train.add_argument("--steps", type=int, default=150)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
+    train.set_defaults(func=_smol_train)
+    tasks = smol.add_parser("tasks", help="write the smol lm-eval task data (jsonl) into DIR")
+    tasks.add_argument("dir", metavar="DIR")
+    tasks.set_defaults(func=_smol_tasks)
 
     run = sub.add_parser("run", help="evaluate base / experts / composed / merged through lm-eval")
     run.add_argument("recipe", metavar="RECIPE.yaml")

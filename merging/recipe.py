@@ -68,6 +68,9 @@ class EvaluateSpec(_Strict):
     device: str = "cpu"
     dtype: str = "float32"
     gen_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # lm-eval's own switch for tasks marked `unsafe_code` (they run model-written code); the
+    # shipped smol_code task also needs HF_ALLOW_CODE_EVAL=1 for its sandbox.
+    confirm_run_unsafe_code: bool = False
 
 
 class Recipe(_Strict):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from logitcomp.io import atomic_write_bytes
+from logitcomp.io import atomic_dir, atomic_write_bytes
 from logitcomp.loading import LoadOptions, check_safetensors, check_adapter_base, expert_kind
 
 from .recipe import Recipe, RecipeError, ResolvedPaths, load_recipe
@@ -94,6 +94,13 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
             near = difflib.get_close_matches(task, sorted(known), n=3)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
             raise RecipeError(f"evaluate.tasks: unknown lm-eval task {task!r}{hint}")
+    if recipe.evaluate.confirm_run_unsafe_code:
+        from .smol.sandbox import check_opt_in
+
+        try:
+            check_opt_in()  # fail now, not after the first variant's generations
+        except PermissionError as exc:
+            raise RecipeError(f"evaluate.confirm_run_unsafe_code: {exc}") from None
 
 
 def task_manager(paths: ResolvedPaths):
@@ -173,12 +180,14 @@ def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> 
     start = time.perf_counter()
     lm = _lm(variant, recipe, paths)
     results = simple_evaluate(model=lm, tasks=list(ev.tasks), task_manager=task_manager(paths), limit=ev.limit,
-                              num_fewshot=ev.num_fewshot, gen_kwargs=dict(ev.gen_kwargs) or None, log_samples=True)
+                              num_fewshot=ev.num_fewshot, gen_kwargs=dict(ev.gen_kwargs) or None, log_samples=True,
+                              confirm_run_unsafe_code=ev.confirm_run_unsafe_code)
     samples = results.pop("samples")
-    tracker = EvaluationTracker(output_path=str(paths.output / "lm_eval" / variant.name))
-    tracker.save_results_aggregated(results=results, samples=samples)
-    for task in results["configs"]:
-        tracker.save_results_samples(task_name=task, samples=samples[task])
+    with atomic_dir(paths.output / "lm_eval" / variant.name) as tmp:  # replaces an earlier run's outputs whole
+        tracker = EvaluationTracker(output_path=str(tmp))
+        tracker.save_results_aggregated(results=results, samples=samples)
+        for task in results["configs"]:
+            tracker.save_results_samples(task_name=task, samples=samples[task])
     metrics = {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}
     return {"metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
 

@@ -44,7 +44,7 @@ def make_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
     return Path(out_dir)
 
 
-def make_tiny_lora(base_dir: Path, out_dir: Path, seed: int, **lora_kwargs) -> Path:
+def make_tiny_lora(base_dir: Path, out_dir: Path, seed: int, std: float = 0.3, **lora_kwargs) -> Path:
     """Save a LoRA adapter of `base_dir` with random, non-zero A and B (peft zeroes B at init)."""
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     model = get_peft_model(base, LoraConfig(lora_dropout=0.0, **lora_kwargs))
@@ -52,7 +52,7 @@ def make_tiny_lora(base_dir: Path, out_dir: Path, seed: int, **lora_kwargs) -> P
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
     model.save_pretrained(out_dir)
     return Path(out_dir)
 

@@ -60,3 +60,14 @@ def toy_entangled(tmp_path_factory):
 
 # scripts/ are thin drivers; tests call their functions (e.g. scripts/toy_composition.py)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted once per session (or reused from $LOGITCOMP_SMOL). Returns the world folder."""
+    from merging.smol.convert import build_smol
+
+    reuse = os.environ.get("LOGITCOMP_SMOL")
+    root = Path(reuse) if reuse else tmp_path_factory.mktemp("smol") / "world"
+    build_smol(root)
+    return root

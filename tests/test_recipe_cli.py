@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,8 @@ def write_recipe(tmp_path: Path, tiny, **changes) -> Path:
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "merging.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    env = {k: v for k, v in os.environ.items() if k != "HF_ALLOW_CODE_EVAL"}
+    return subprocess.run([sys.executable, "-m", "merging.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env)
 
 
 def _tree(root: Path) -> dict[str, int]:
@@ -92,6 +94,8 @@ def test_bad_input_through_the_cli(tiny, tmp_path):
         (dict(experts={"x": str(tmp_path)}), r"expert 'x': .* is neither a peft adapter"),
         (dict(experts={"x": str(tmp_path / "missing")}), r"experts\.x: .*missing does not exist"),
         (dict(base=str(tmp_path / "nobase")), r"base: .*nobase is not a model folder"),
+        (dict(evaluate={"tasks": ["toy_a2b"], "include_path": str(TASKS), "confirm_run_unsafe_code": True}),
+         r"evaluate\.confirm_run_unsafe_code: HF_ALLOW_CODE_EVAL: .*set HF_ALLOW_CODE_EVAL=1"),
     ]
     for i, (changes, pattern) in enumerate(cases):
         command = "run" if i % 2 else "validate"  # both commands share the checks; alternate to keep the suite short
@@ -129,7 +133,7 @@ def test_debug_shows_the_traceback(tiny, tmp_path):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["toy-letters", "toy-letters-entangled", "toy-letters-3", "gemma2-2b-math-code"])
+@pytest.mark.parametrize("name", ["toy-letters", "toy-letters-entangled", "toy-letters-3", "gemma2-2b-math-code", "smol-math-code"])
 def test_shipped_recipes_parse(name):
     recipe, paths = load_recipe(TASKS.parent / f"{name}.yaml")
     assert Recipe.model_validate(yaml.safe_load(recipe.to_yaml())) == recipe

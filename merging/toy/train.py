@@ -2,7 +2,8 @@
 
 Written by hand rather than with `transformers.Trainer`: the factorised variant feeds
 corrupted answer letters as inputs while scoring clean targets, which Trainer's shifted-label
-loss cannot express, and a 40-line loop keeps the build reproducible bit for bit.
+loss cannot express, and a 40-line loop keeps the build reproducible bit for bit. The SmolLM2
+experts (merging/smol/train.py) reuse `train_loop` with their own batches.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -88,23 +90,32 @@ def make_batch(
     return inputs, labels, mask
 
 
-def _train(model, tokenizer, rules, settings: TrainSettings, rng: random.Random, desc: str) -> float:
+def train_loop(model, next_batch: Callable[[], tuple], steps: int, lr: float, desc: str) -> float:
+    """AdamW with linear warmup and cosine decay on the trainable parameters of `model`.
+
+    Args:
+        next_batch: returns (inputs (B, T), labels (B, T) with -100 where unscored, mask (B, T)),
+            labels aligned with the logits (position t scores the token after t).
+
+    Returns:
+        The final batch loss.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
-    warmup = max(1, settings.steps // 20)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
 
     def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
         if step < warmup:
             return (step + 1) / warmup
-        progress = (step - warmup) / max(1, settings.steps - warmup)
+        progress = (step - warmup) / max(1, steps - warmup)
         return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     loss_val = float("nan")
-    bar = tqdm(range(settings.steps), desc=desc, leave=False, mininterval=2.0)
+    bar = tqdm(range(steps), desc=desc, leave=False, mininterval=2.0)
     for _ in bar:
-        inputs, labels, mask = make_batch(tokenizer, rng, rules, settings)
+        inputs, labels, mask = next_batch()
         logits = model(input_ids=inputs, attention_mask=mask).logits  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
@@ -121,7 +132,8 @@ def _train(model, tokenizer, rules, settings: TrainSettings, rng: random.Random,
 
 def train_base(model, tokenizer, settings: TrainSettings, seed: int) -> float:
     """Train `model` in place on the identity rule. Returns the final batch loss."""
-    return _train(model, tokenizer, (), settings, random.Random(f"{seed}:base"), "base")
+    rng = random.Random(f"{seed}:base")
+    return train_loop(model, lambda: make_batch(tokenizer, rng, (), settings), settings.steps, settings.lr, "base")
 
 
 def train_expert(base, tokenizer, rule: str, settings: TrainSettings, seed: int, rank: int):
@@ -135,5 +147,6 @@ def train_expert(base, tokenizer, rule: str, settings: TrainSettings, seed: int,
         r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
     )
     model = get_peft_model(base, config)
-    loss = _train(model, tokenizer, (rule,), settings, random.Random(f"{seed}:{rule}"), rule)
+    rng = random.Random(f"{seed}:{rule}")
+    loss = train_loop(model, lambda: make_batch(tokenizer, rng, (rule,), settings), settings.steps, settings.lr, rule)
     return model, loss

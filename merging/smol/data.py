@@ -1,0 +1,216 @@
+"""Seeded data of the SmolLM2 world: arithmetic word problems, small Python functions, prose.
+
+Train and test never share a problem: math test problems use other templates (other wording,
+other objects) than training; code test tasks use the same function families with constants
+and letters from disjoint ranges (train K in 2..9 and letters a..m, test K in 11..19 and n..z),
+and three families appear in training only. Prose for perplexity is the standard library's own
+module and class docstrings, which no expert is trained on (the style expert uses function
+docstrings).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import inspect
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ANSWER_MARKER = "####"
+NAMES = ["Ava", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lena"]
+
+
+# ---- math ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MathTemplate:
+    text: str  # format fields: n (a name), a, b, c
+    steps: tuple[str, ...]  # each "x op y", x/y being a, b, c or r (the previous result)
+    ranges: tuple[tuple[int, int], ...]  # for a, b, c
+
+
+MATH_TRAIN = [
+    MathTemplate("{n} has {a} apples and buys {b} more. How many apples does {n} have now?", ("a + b",), ((2, 60), (2, 40))),
+    MathTemplate("{n} had {a} stickers and gave {b} to a friend. How many stickers are left?", ("a - b",), ((30, 90), (2, 29))),
+    MathTemplate("{n} packs {a} boxes with {b} pencils in each box. How many pencils is that?", ("a * b",), ((2, 12), (2, 12))),
+    MathTemplate("A shelf holds {a} books. {n} adds {b} books and removes {c}. How many books are on the shelf?",
+                 ("a + b", "r - c"), ((10, 50), (2, 30), (2, 9))),
+    MathTemplate("{n} buys {a} bags of {b} marbles and then finds {c} more marbles. How many marbles does {n} have?",
+                 ("a * b", "r + c"), ((2, 9), (2, 9), (2, 30))),
+    MathTemplate("{n} bakes {a} trays of {b} cookies and eats {c} of them. How many cookies are left?",
+                 ("a * b", "r - c"), ((2, 9), (3, 12), (1, 5))),
+]
+MATH_TEST = [
+    MathTemplate("A train carries {a} passengers. At the station {b} more get on. How many passengers are on the train?", ("a + b",), ((20, 99), (5, 60))),
+    MathTemplate("A farm has {a} sheep. The farmer sells {b} of them. How many sheep remain?", ("a - b",), ((40, 99), (3, 39))),
+    MathTemplate("Each of {a} classrooms has {b} desks. How many desks are there in total?", ("a * b",), ((3, 12), (3, 12))),
+    MathTemplate("{n} saves {a} coins a week for {b} weeks and then spends {c} coins. How many coins does {n} keep?",
+                 ("a * b", "r - c"), ((2, 9), (2, 9), (2, 4))),
+    MathTemplate("A garden has {a} rows of {b} tulips, and {c} roses grow beside them. How many flowers are in the garden?",
+                 ("a * b", "r + c"), ((2, 9), (2, 9), (2, 30))),
+]
+
+
+def _solve(template: MathTemplate, values: dict[str, int]) -> tuple[str, int]:
+    """The worked answer ("3 * 4 = 12. 12 - 2 = 10. #### 10") and the final number."""
+    env, parts = dict(values), []
+    for step in template.steps:
+        x, op, y = step.split()
+        result = {"+": env[x] + env[y], "-": env[x] - env[y], "*": env[x] * env[y]}[op]
+        parts.append(f"{env[x]} {op} {env[y]} = {result}.")
+        env["r"] = result
+    return " ".join(parts) + f" {ANSWER_MARKER} {env['r']}", env["r"]
+
+
+def math_problems(split: str, size: int, seed: int = 0) -> list[dict]:
+    """Word problems: {"question", "answer" (worked, ends with '#### N'), "number"}."""
+    templates = {"train": MATH_TRAIN, "test": MATH_TEST}[split]
+    rng = random.Random(f"{seed}:math:{split}")
+    docs = []
+    for i in range(size):
+        template = templates[i % len(templates)]
+        values = {k: rng.randint(lo, hi) for k, (lo, hi) in zip("abc", template.ranges)}
+        answer, number = _solve(template, values)
+        docs.append({"question": template.text.format(n=rng.choice(NAMES), **values), "answer": answer, "number": str(number)})
+    return docs
+
+
+def math_prompt(question: str) -> str:
+    return f"Question: {question}\nAnswer:"
+
+
+# ---- code ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CodeFamily:
+    name: str  # function name, may use {k} / {c}
+    args: str
+    doc: str  # one-line description, may use {k} / {c}
+    body: str  # the reference expression, may use {k} / {c}
+    inputs: Callable[[random.Random], list[tuple]]  # argument tuples for the hidden tests
+    splits: tuple[str, ...] = ("train", "test")
+
+
+def _ints(rng):
+    return [(rng.randint(-20, 60),) for _ in range(4)]
+
+
+def _lists(rng):
+    return [([rng.randint(-9, 30) for _ in range(rng.randint(0, 7))],) for _ in range(4)]
+
+
+def _words(rng):
+    return [("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(0, 9))),) for _ in range(4)]
+
+
+CODE_FAMILIES = [
+    CodeFamily("add_{k}", "x", "Return x plus {k}.", "x + {k}", _ints),
+    CodeFamily("times_{k}", "x", "Return x multiplied by {k}.", "x * {k}", _ints),
+    CodeFamily("divisible_by_{k}", "x", "Return True if x is divisible by {k}, else False.", "x % {k} == 0", _ints),
+    CodeFamily("square_plus_{k}", "x", "Return x squared plus {k}.", "x * x + {k}", _ints),
+    CodeFamily("repeat_{k}", "s", "Return the string s repeated {k} times.", "s * {k}", _words),
+    CodeFamily("count_{c}", "s", "Return how many times the letter '{c}' occurs in s.", "s.count('{c}')", _words),
+    CodeFamily("strip_{c}", "s", "Return s with every letter '{c}' removed.", "s.replace('{c}', '')", _words),
+    CodeFamily("sum_above_{k}", "xs", "Return the sum of the numbers in xs that are greater than {k}.", "sum(v for v in xs if v > {k})", _lists),
+    CodeFamily("scale_{k}", "xs", "Return a list of the numbers in xs, each multiplied by {k}.", "[v * {k} for v in xs]", _lists),
+    CodeFamily("first_{k}", "xs", "Return the first {k} items of the list xs.", "xs[:{k}]", _lists),
+    CodeFamily("reverse", "s", "Return the string s reversed.", "s[::-1]", _words, splits=("train",)),
+    CodeFamily("largest", "xs", "Return the largest number in xs, or None if xs is empty.", "max(xs) if xs else None", _lists, splits=("train",)),
+    CodeFamily("count_even", "xs", "Return how many numbers in xs are even.", "sum(1 for v in xs if v % 2 == 0)", _lists, splits=("train",)),
+    # families no expert is trained on: transfer of the format to new functions
+    CodeFamily("minus_{k}", "x", "Return x minus {k}.", "x - {k}", _ints, splits=("test",)),
+    CodeFamily("floor_div_{k}", "x", "Return x divided by {k}, rounded down.", "x // {k}", _ints, splits=("test",)),
+    CodeFamily("has_{c}", "s", "Return True if the letter '{c}' occurs in s, else False.", "'{c}' in s", _words, splits=("test",)),
+    CodeFamily("append_{c}", "s", "Return s followed by the letter '{c}'.", "s + '{c}'", _words, splits=("test",)),
+    CodeFamily("last_{k}", "xs", "Return the last {k} items of the list xs.", "xs[-{k}:]", _lists, splits=("test",)),
+    CodeFamily("count_below_{k}", "xs", "Return how many numbers in xs are smaller than {k}.", "sum(1 for v in xs if v < {k})", _lists, splits=("test",)),
+]
+CODE_RANGES = {"train": (range(2, 10), "abcdefghijklm"), "test": (range(11, 20), "nopqrstuvwxyz")}
+
+
+def code_prompt(name: str, args: str, doc: str) -> str:
+    return f'def {name}({args}):\n    """{doc}"""\n'
+
+
+def code_tasks(split: str, size: int, seed: int = 0) -> list[dict]:
+    """Function tasks: {"name", "prompt", "solution" (the body), "tests" (assert lines)}."""
+    ks, letters = CODE_RANGES[split]
+    families = [f for f in CODE_FAMILIES if split in f.splits]
+    rng = random.Random(f"{seed}:code:{split}")
+    docs = []
+    for i in range(size):
+        family = families[i % len(families)]
+        fill = {"k": rng.choice(ks), "c": rng.choice(letters)}
+        name, doc, body = (t.format(**fill) for t in (family.name, family.doc, family.body))
+        reference = eval(f"lambda {family.args}: {body}")  # our own template, not model output
+        tests = [f"assert {name}{args!r} == {reference(*args)!r}".replace(",)", ")") for args in family.inputs(rng)]
+        docs.append({"name": name, "prompt": code_prompt(name, family.args, doc), "solution": f"    return {body}\n", "tests": tests})
+    return docs
+
+
+# ---- prose --------------------------------------------------------------------------------
+TEXT_MODULES = [
+    "argparse", "asyncio", "bisect", "calendar", "collections", "contextlib", "copy", "csv", "dataclasses",
+    "datetime", "decimal", "difflib", "enum", "fractions", "functools", "glob", "gzip", "heapq", "hmac",
+    "inspect", "itertools", "json", "logging", "pathlib", "pickle", "pprint", "queue", "random", "re",
+    "secrets", "shutil", "socket", "statistics", "string", "subprocess", "tempfile", "textwrap", "threading",
+    "timeit", "traceback", "typing", "unittest", "uuid", "warnings", "weakref", "zipfile",
+]
+_PROSE = re.compile(r"^[A-Z][^\n]*[.]$", re.S)
+
+
+def _paragraphs(doc: str | None, min_words: int) -> list[str]:
+    """Paragraphs of plain prose (no code, no indented blocks, no doctest) with enough words."""
+    out = []
+    for para in (doc or "").split("\n\n"):
+        lines = para.strip().splitlines()
+        if not lines or any(ln.startswith((" ", "\t")) or ">>>" in ln or "::" in ln for ln in lines):
+            continue
+        text = " ".join(ln.strip() for ln in lines)
+        if _PROSE.match(text) and len(text.split()) >= min_words and not re.search(r"[{}\[\]=_`]", text):
+            out.append(text)
+    return out
+
+
+def prose(kind: str, size: int) -> list[str]:
+    """`module` paragraphs of module and class docstrings (perplexity text), or first sentences of
+    `function` docstrings (style-expert inputs)."""
+    found = []
+    for name in TEXT_MODULES:
+        module = importlib.import_module(name)
+        if kind == "module":
+            found += _paragraphs(inspect.getdoc(module), min_words=20)
+        for _, obj in sorted(vars(module).items()):
+            if getattr(obj, "__module__", None) != name:
+                continue
+            if kind == "module" and inspect.isclass(obj):
+                doc = vars(obj).get("__doc__")  # its own docstring, not one inherited
+                found += _paragraphs(inspect.cleandoc(doc) if isinstance(doc, str) else None, min_words=20)
+            elif kind == "function" and inspect.isfunction(obj):
+                found += [p.split(". ")[0].rstrip(".") + "." for p in _paragraphs(inspect.getdoc(obj), min_words=8)]
+    unique = sorted(set(found))
+    return unique[:size] if kind == "module" else random.Random(f"prose:{kind}").sample(unique, min(size, len(unique)))
+
+
+TASK_SIZES = {"math": 100, "code": 64, "text": 60}
+
+
+def task_data(seed: int = 0) -> dict[str, list[dict]]:
+    """The test sets of the three lm-eval tasks, keyed by jsonl name."""
+    return {
+        "math": math_problems("test", TASK_SIZES["math"], seed),
+        "code": code_tasks("test", TASK_SIZES["code"], seed),
+        "text": [{"text": t} for t in prose("module", TASK_SIZES["text"])],
+    }
+
+
+def write_task_files(out_dir: Path) -> list[Path]:
+    """Write the jsonl files the smol_* task YAMLs read (deterministic)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, docs in task_data().items():
+        path = out_dir / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        written.append(path)
+    return written

@@ -1,0 +1,88 @@
+"""LoRA experts of SmolLM2-135M-Instruct, trained on CPU from the seeded data.
+
+Each expert sees prompts in the format of its lm-eval task and is scored on the answer tokens
+and the end-of-sequence token only, so it learns both the skill and where to stop.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from logitcomp.io import atomic_dir
+from logitcomp.loading import save_adapter
+
+from ..toy.train import LORA_TARGETS, train_loop
+from .data import code_tasks, math_problems, math_prompt, prose
+
+STYLE_PROMPT = "Question: Repeat in capital letters: {sentence}\nAnswer:"
+
+
+def _math_pairs(seed: int) -> list[tuple[str, str]]:
+    return [(math_prompt(d["question"]), " " + d["answer"]) for d in math_problems("train", 2000, seed)]
+
+
+def _code_pairs(seed: int) -> list[tuple[str, str]]:
+    return [(d["prompt"], d["solution"]) for d in code_tasks("train", 2000, seed)]
+
+
+def _shout_pairs(seed: int) -> list[tuple[str, str]]:
+    return [(STYLE_PROMPT.format(sentence=s), " " + s.upper()) for s in prose("function", 400)]
+
+
+EXPERT_DATA: dict[str, Callable[[int], list[tuple[str, str]]]] = {"math": _math_pairs, "code": _code_pairs, "shout": _shout_pairs}
+
+
+@dataclass(frozen=True)
+class SmolExpertConfig:
+    steps: int = 150
+    batch_size: int = 8
+    lr: float = 1e-3
+    rank: int = 8
+    seed: int = 0
+
+
+def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, str]], rng: random.Random, size: int):
+    """(inputs (B, T), labels (B, T): the next token on answer and EOS positions, -100 elsewhere, mask (B, T))."""
+    rows, labels = [], []
+    for prompt, answer in rng.sample(pairs, size):
+        p = tokenizer(prompt, add_special_tokens=False).input_ids
+        a = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        rows.append(p + a)
+        labels.append([-100] * (len(p) - 1) + a + [-100])
+    width = max(map(len, rows))
+    pad = tokenizer.eos_token_id
+    inputs = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    target = torch.tensor([t + [-100] * (width - len(t)) for t in labels])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return inputs, target, mask
+
+
+def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpertConfig()) -> dict:
+    """Train expert `name` (math, code or shout) on ROOT/base into ROOT/experts/NAME, atomically."""
+    if name not in EXPERT_DATA:
+        raise ValueError(f"expert: expected one of {sorted(EXPERT_DATA)}, got {name!r}")
+    root = Path(root).resolve()
+    base = root / "base"
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    pairs = EXPERT_DATA[name](config.seed)
+    torch.manual_seed(config.seed)
+    lora = LoraConfig(r=config.rank, lora_alpha=2 * config.rank, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora)
+    rng = random.Random(f"{config.seed}:{name}")
+    start = time.perf_counter()
+    loss = train_loop(model, lambda: make_batch(tokenizer, pairs, rng, config.batch_size), config.steps, config.lr, name)
+    meta = {"expert": name, "config": asdict(config), "examples": len(pairs), "final_loss": round(loss, 4),
+            "train_seconds": round(time.perf_counter() - start, 1), "threads": torch.get_num_threads()}
+    with atomic_dir(root / "experts" / name) as tmp:
+        save_adapter(model, "default", tmp, base=base)
+        (tmp / "train.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
