@@ -65,9 +65,9 @@ def test_sandbox_limits(monkeypatch, tmp_path):
 
 
 def test_lm_eval_reads_the_three_tasks():
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
-    tasks = get_task_dict(["smol_math", "smol_code", "smol_text"], TaskManager(include_path=str(TASKS.parent)))
+    tasks = TaskManager(include_path=str(TASKS.parent)).load(["smol_math", "smol_code", "smol_text"])["tasks"]
     data = task_data()
     for name, key in (("smol_math", "math"), ("smol_code", "code"), ("smol_text", "text")):
         docs = list(tasks[name].test_docs())

@@ -52,3 +52,20 @@ def test_composition_of_two_loras_matches_the_reference(smol, tmp_path):
         moved = max(moved, (ref - lp_base).abs().max().item())
     assert moved > 0.1, "the adapters must change the distribution for the comparison to mean anything"
     assert worst <= TOL, f"max abs diff {worst:.2e} (adapters moved log-probs by up to {moved:.1f})"
+
+
+def test_smol_train_writes_a_loadable_adapter_and_skips_a_finished_one(smol, tmp_path, capsys):
+    from peft import PeftModel
+
+    from merging.cli import main
+
+    root = tmp_path / "world"
+    root.mkdir()
+    (root / "base").symlink_to(smol / "base")
+    assert main(["-q", "smol", "train", str(root), "--experts", "code", "--steps", "2"]) == 0
+    meta = json.loads((root / "experts" / "code" / "train.json").read_text())
+    assert meta["config"]["steps"] == 2 and meta["examples"] == 2000
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(smol / "base"), root / "experts" / "code")
+    assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())  # trained, not peft's zero init
+    assert main(["-q", "smol", "train", str(root), "--experts", "code", "--steps", "2"]) == 0
+    assert "already trained" in capsys.readouterr().out

