@@ -64,10 +64,13 @@ def _smol_build(args: argparse.Namespace) -> int:
 
 
 def _smol_train(args: argparse.Namespace) -> int:
-    from .smol.train import SmolExpertConfig, train_smol_expert
+    from .smol.train import DEFAULT_STEPS, SmolExpertConfig, train_smol_expert
 
-    config = SmolExpertConfig(steps=args.steps, seed=args.seed)
-    for name in args.experts.split(","):
+    names = args.experts.split(",")
+    if unknown := [n for n in names if n not in DEFAULT_STEPS]:
+        raise ValueError(f"--experts: expected names from {sorted(DEFAULT_STEPS)}, got {unknown}")
+    for name in names:
+        config = SmolExpertConfig(steps=args.steps or DEFAULT_STEPS[name], seed=args.seed)
         done = Path(args.dir) / "experts" / name / "train.json"
         if done.exists() and not args.force and json.loads(done.read_text())["config"] == asdict(config):
             meta = json.loads(done.read_text())
@@ -176,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = smol.add_parser("train", help="train LoRA experts of DIR/base into DIR/experts/NAME")
     train.add_argument("dir", metavar="DIR")
     train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout")
-    train.add_argument("--steps", type=int, default=150)
+    train.add_argument("--steps", type=int, help="training steps (default: math 150, code 150, shout 60)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
     train.set_defaults(func=_smol_train)

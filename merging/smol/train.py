@@ -39,6 +39,7 @@ def _shout_pairs(seed: int) -> list[tuple[str, str]]:
 
 
 EXPERT_DATA: dict[str, Callable[[int], list[tuple[str, str]]]] = {"math": _math_pairs, "code": _code_pairs, "shout": _shout_pairs}
+DEFAULT_STEPS = {"math": 150, "code": 150, "shout": 60}  # shout's answers are longer and its skill simpler
 
 
 @dataclass(frozen=True)
