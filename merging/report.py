@@ -65,9 +65,10 @@ def _bars(results: dict, tasks: list[str], title: str) -> bytes:
     import matplotlib.pyplot as plt
 
     variants = list(results)
-    cells = {(v, label): _cell(results[v].get(task, {}), key) for v in variants for task, key, label in metric_columns(results, tasks)}
-    labels = [label for *_, label in metric_columns(results, tasks)
-              if all(c is None or 0.0 <= c[0] <= 1.0 for (_, lab), c in cells.items() if lab == label)]  # no perplexities
+    columns = metric_columns(results, tasks)
+    cells = {(v, label): _cell(results[v].get(task, {}), key) for v in variants for task, key, label in columns}
+    labels = [label for *_, label in columns
+              if all(cells[v, label] is None or 0.0 <= cells[v, label][0] <= 1.0 for v in variants)]  # no perplexities
     width = 0.8 / max(1, len(variants))
     fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(labels) + 3.5), 4))
     for i, variant in enumerate(variants):

@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 from logitcomp import ComposedModelForCausalLM, CompositionConfig
 from logitcomp.ops import EOS_POLICIES
 from merging.smol.data import math_prompt
+from merging.toy.data import read_jsonl
 
 TASKS = Path(__file__).resolve().parent.parent / "recipes" / "tasks" / "smol"
 STOP = ["Question:", "\n\n"]  # the smol_math task's `until`, besides the EOS token
@@ -69,7 +70,7 @@ def main() -> None:
     base = args.world / "base"
     tok = AutoTokenizer.from_pretrained(base)
     tok.pad_token = tok.pad_token or tok.eos_token
-    docs = [json.loads(line) for line in (TASKS / "math.jsonl").read_text().splitlines()][: args.limit]
+    docs = read_jsonl(TASKS / "math.jsonl")[: args.limit]
     print(f"smol_math, first {len(docs)} problems, greedy, max {args.max_new_tokens} new tokens, "
           f"{torch.get_num_threads()} threads")
     print("ended by: eos = the EOS token, stop = a stop string of the task, limit = neither within the token limit")

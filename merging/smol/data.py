@@ -11,13 +11,14 @@ docstrings).
 from __future__ import annotations
 
 import importlib
-import json
 import inspect
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..toy.data import write_jsonl
 
 ANSWER_MARKER = "####"
 NAMES = ["Ava", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lena"]
@@ -211,6 +212,6 @@ def write_task_files(out_dir: Path) -> list[Path]:
     written = []
     for name, docs in task_data().items():
         path = out_dir / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        write_jsonl(path, docs)
         written.append(path)
     return written

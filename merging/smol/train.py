@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
-from ..toy.train import LORA_TARGETS, train_loop
+from ..toy.train import LORA_TARGETS, pad_right, train_loop
 from .data import code_tasks, math_problems, math_prompt, prose
 
 STYLE_PROMPT = "Question: Repeat in capital letters: {sentence}\nAnswer:"
@@ -59,12 +59,7 @@ def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, str]],
         a = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append(p + a)
         labels.append([-100] * (len(p) - 1) + a + [-100])
-    width = max(map(len, rows))
-    pad = tokenizer.eos_token_id
-    inputs = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    target = torch.tensor([t + [-100] * (width - len(t)) for t in labels])
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return inputs, target, mask
+    return pad_right(rows, labels, tokenizer.eos_token_id)
 
 
 def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpertConfig()) -> dict:

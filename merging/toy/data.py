@@ -126,7 +126,7 @@ def write_task_files(out_dir: Path) -> list[Path]:
     written = []
     for task in TASKS:
         data = out_dir / f"{task.name}.jsonl"
-        data.write_text("".join(json.dumps(d) + "\n" for d in make_eval_set(task)))
+        write_jsonl(data, make_eval_set(task))
         yaml = out_dir / f"toy_{task.name}.yaml"
         yaml.write_text(
             TASK_YAML.format(name=task.name, separator=SEPARATOR, max_gen=task.lengths[1] + 4)
@@ -138,3 +138,8 @@ def write_task_files(out_dir: Path) -> list[Path]:
 def read_jsonl(path: Path) -> list[dict]:
     """Read a jsonl file into a list of dicts."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, docs: list[dict]) -> None:
+    """Write dicts as one JSON line each."""
+    Path(path).write_text("".join(json.dumps(d) + "\n" for d in docs))

@@ -82,8 +82,12 @@ def make_batch(
                 fed[t] = rng.choice(letter_ids)
         rows.append(fed)
         targets.append(tgt)
+    return pad_right(rows, targets, tokenizer.pad_token_id)
+
+
+def pad_right(rows: list[list[int]], targets: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad token rows with `pad` and their targets with -100: inputs (B, T), labels (B, T), mask (B, T)."""
     width = max(map(len, rows))
-    pad = tokenizer.pad_token_id
     inputs = torch.tensor([r + [pad] * (width - len(r)) for r in rows])  # (B, T)
     labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets])  # (B, T)
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # (B, T)

@@ -5,18 +5,17 @@ Model-written code is scored by merging.smol.sandbox in a separate, limited proc
 with HF_ALLOW_CODE_EVAL=1 (and lm-eval's --confirm_run_unsafe_code, as the task is marked unsafe).
 """
 
-import json
 from pathlib import Path
 
 import datasets
 
 from merging.smol.sandbox import passes_tests
+from merging.toy.data import read_jsonl
 
 
 def load_jsonl(data_file, **_metadata):
     """Return {"test": Dataset} read from `data_file` beside this module."""
-    lines = (Path(__file__).parent / data_file).read_text().splitlines()
-    return {"test": datasets.Dataset.from_list([json.loads(line) for line in lines if line.strip()])}
+    return {"test": datasets.Dataset.from_list(read_jsonl(Path(__file__).parent / data_file))}
 
 
 def pass_at_1(doc, results):
