@@ -18,7 +18,7 @@ log = logging.getLogger("logitcomp")
 
 
 def _toy_build(args: argparse.Namespace) -> int:
-    from .toy import ACCURACY_BAR, ToyConfig, ToyWorld, build_toy_world
+    from .toy import ToyConfig, ToyWorld, build_toy_world
 
     overrides = {"variant": args.variant, "seed": args.seed}
     config = ToyConfig.fast(**overrides) if args.fast else ToyConfig(**overrides)
@@ -33,17 +33,19 @@ def _toy_build(args: argparse.Namespace) -> int:
         print(f"toy world already built in {root} (pass --force to rebuild)")
     else:
         world = build_toy_world(root, config, force=args.force)
-    _print_world(world, ACCURACY_BAR)
+    _print_world(world, world.config.bar)
     return 0
 
 
 def _print_world(world, bar: float) -> None:
     tasks = world.extra.get("accuracy_tasks", {})
     print(f"\ntoy world: {world.root}  variant={world.config.variant}  seed={world.config.seed}")
-    print(f"{'model':<8} {'own task':<10} {'exact match':>11}")
+    training = world.extra.get("training", {})
+    print(f"{'model':<8} {'own task':<10} {'exact match':>11} {'steps':>6}")
     for name, acc in world.accuracy.items():
         flag = "" if acc >= bar else f"  (below the {bar:.0%} bar)"
-        print(f"{name:<8} {tasks.get(name, ''):<10} {acc:>11.1%}{flag}")
+        steps = training.get(name, {}).get("steps", "")
+        print(f"{name:<8} {tasks.get(name, ''):<10} {acc:>11.1%} {steps:>6}{flag}")
     print(f"build time {world.build_seconds:.1f} s   checksum {world.checksums['world'][:16]}")
 
 
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # per-file "Loading weights" bars drown our own progress
     try:
         return args.func(args)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:
         if args.debug:
             raise
         print(f"logitcomp: error: {exc}", file=sys.stderr)

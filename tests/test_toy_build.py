@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from merging.cli import main
-from merging.toy import ToyConfig, ToyWorld, build_toy_world
+from merging.toy import ToyBuildError, ToyConfig, ToyWorld, build_toy_world
+from merging.toy.train import TrainSettings, train_until
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,9 @@ def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("variant", "tangled"), ("experts", ("x2y",)), ("base_steps", 0), ("base_lr", -1.0)]
+    ("field", "value"),
+    [("variant", "tangled"), ("experts", ("x2y",)), ("base_steps", 0), ("base_lr", -1.0), ("validation_target", 1.5),
+     ("bar", -0.1), ("extra_rounds", -1)],
 )
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}: expected"):
@@ -125,3 +129,34 @@ def test_outputs_have_ordinary_permissions(fast_world, tmp_path):
     assert stat.S_IMODE(fast_world.root.stat().st_mode) == 0o777 & ~mask
     path = atomic_write_bytes(tmp_path / "x.json", b"{}")
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask and path.read_bytes() == b"{}"
+
+
+class _Counter(torch.nn.Module):
+    """A one-parameter model whose held-out score is scripted per check."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask):
+        return type("Out", (), {"logits": self.w.expand(*input_ids.shape, 2)})()
+
+
+@pytest.mark.parametrize(("scores", "rounds", "steps"), [([1.0], 1, 10), ([0.5, 0.9, 1.0], 3, 20), ([0.1] * 9, 4, 25)])
+def test_train_until_adds_bounded_rounds_until_the_check_passes(scores, rounds, steps):
+    batches = []
+
+    def next_batch():
+        batches.append(1)
+        return torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3)
+
+    script = iter(scores)
+    fit = train_until(_Counter(), next_batch, TrainSettings(10, 2, 0.1, 0.0, extra_rounds=3), lambda: next(script), 1.0, "m")
+    assert (fit.rounds, fit.steps, len(batches)) == (rounds, steps, steps)  # extra rounds are half the schedule
+    assert fit.validation == scores[rounds - 1]
+
+
+def test_a_model_below_its_bar_fails_the_build_and_writes_nothing(tmp_path):
+    with pytest.raises(ToyBuildError, match=r"below the 100% bar: base 0\.\d+ on identity after 20 steps"):
+        build_toy_world(tmp_path / "world", ToyConfig.fast(bar=1.0))
+    assert list(tmp_path.iterdir()) == []

@@ -12,7 +12,9 @@ import hashlib
 import json
 import logging
 import math
+import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -25,13 +27,18 @@ from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
 from .data import RULES, TASKS, make_eval_set
-from .evaluate import exact_match
+from .evaluate import exact_match, teacher_forced_exact
 from .tokenizer import make_tokenizer
-from .train import TrainSettings, make_base_model, train_base, train_expert
+from .train import TrainSettings, make_base_model, make_batch, train_base, train_expert
 
 log = logging.getLogger(__name__)
 VARIANTS = {"factorised": 0.25, "entangled": 0.0}  # variant -> share of answer letters corrupted
 ACCURACY_BAR = 0.99
+VALIDATION_SEED = 4321  # held-out check during training; the reported figures use data.EVAL_SEED
+
+
+class ToyBuildError(RuntimeError):
+    """A model of the toy world missed its bar: the build writes nothing."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,11 @@ class ToyConfig:
             letters in the prefix (a share of the fed-back answer letters is randomised while
             the targets stay clean); `entangled` uses plain teacher forcing.
         seed: seeds model init and data; the same seed on the same machine gives the same weights.
+        validation_target: a model trains (after its scheduled steps, in at most `extra_rounds`
+            rounds of half as many steps) until its held-out check reaches this: greedy exact
+            match on `validation_size` strings of its own task and, in the factorised variant,
+            teacher-forced exact match with corrupted fed-back letters.
+        bar: the build fails when a model's exact match on the reported evaluation set is below it.
     """
 
     variant: str = "factorised"
@@ -57,6 +69,10 @@ class ToyConfig:
     expert_lr: float = 2e-3
     lora_rank: int = 8
     eval_size: int = 200
+    validation_size: int = 256
+    validation_target: float = 1.0
+    extra_rounds: int = 4
+    bar: float = ACCURACY_BAR
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -66,13 +82,20 @@ class ToyConfig:
             raise ValueError(f"experts: expected a non-empty subset of {sorted(RULES)}, got {list(self.experts)}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in ("int", "float") and not value > 0 and f.name != "seed":
+            if f.name in ("validation_target", "bar"):
+                if not 0.0 <= value <= 1.0:
+                    raise ValueError(f"{f.name}: expected a share in [0, 1], got {value!r}")
+            elif f.name in ("seed", "extra_rounds"):
+                if value < 0:
+                    raise ValueError(f"{f.name}: expected a non-negative integer, got {value!r}")
+            elif f.type in ("int", "float") and not value > 0:
                 raise ValueError(f"{f.name}: expected a positive number, got {value!r}")
 
     @classmethod
     def fast(cls, **overrides) -> ToyConfig:
-        """A seconds-long build for tests: same files, untrained-quality models."""
-        small = dict(hidden_size=32, num_layers=1, base_steps=20, expert_steps=5, batch_size=8, eval_size=16)
+        """A seconds-long build for tests: same files, untrained-quality models, no bars."""
+        small = dict(hidden_size=32, num_layers=1, base_steps=20, expert_steps=5, batch_size=8, eval_size=16,
+                     validation_size=16, validation_target=0.0, extra_rounds=0, bar=0.0)
         return cls(**{**small, **overrides})
 
 
@@ -131,38 +154,70 @@ def _evaluate(tmp: Path, config: ToyConfig) -> dict[str, float]:
     return accuracy
 
 
-def _train_all(tmp: Path, config: ToyConfig, final_base: Path) -> dict[str, float]:
+def _checker(tokenizer, config: ToyConfig, rules: tuple[str, ...]) -> Callable[[object], float]:
+    """The held-out check of a model trained on `rules`: the lower of its greedy exact match and,
+    when the variant corrupts fed-back letters, its teacher-forced exact match under corruption
+    (the copy-by-position skill that composition relies on)."""
+    task = "_".join(rules) or "identity"
+    docs = make_eval_set(next(t for t in TASKS if t.name == task), config.validation_size, seed=VALIDATION_SEED)
+    corrupt = VARIANTS[config.variant]
+    settings = TrainSettings(0, config.validation_size, 0.0, corrupt)
+    batch = make_batch(tokenizer, random.Random(f"{VALIDATION_SEED}:{task}"), rules, settings) if corrupt else None
+
+    def check(model) -> float:
+        score = exact_match(model, tokenizer, docs)
+        return min(score, teacher_forced_exact(model, *batch)) if batch is not None else score
+
+    return check
+
+
+def _train_all(tmp: Path, config: ToyConfig, final_base: Path) -> dict[str, dict]:
+    """Train and save base and experts. Returns each model's `Fit` as a dict."""
     corrupt = VARIANTS[config.variant]
     tokenizer = make_tokenizer()
     torch.manual_seed(config.seed)
     base = make_base_model(tokenizer, config.hidden_size, config.num_layers)
-    losses = {"base": train_base(base, tokenizer, TrainSettings(config.base_steps, config.batch_size, config.base_lr, corrupt), config.seed)}
+    target = config.validation_target
+    base_settings = TrainSettings(config.base_steps, config.batch_size, config.base_lr, corrupt, config.extra_rounds)
+    check = _checker(tokenizer, config, ())
+    fits = {"base": train_base(base, tokenizer, base_settings, config.seed, lambda: check(base), target)}
     base.save_pretrained(tmp / "base")
     tokenizer.save_pretrained(tmp / "base")
-    settings = TrainSettings(config.expert_steps, config.batch_size, config.expert_lr, corrupt)
+    settings = TrainSettings(config.expert_steps, config.batch_size, config.expert_lr, corrupt, config.extra_rounds)
     for i, rule in enumerate(config.experts):
         fresh = AutoModelForCausalLM.from_pretrained(tmp / "base")
-        expert, losses[rule] = train_expert(fresh, tokenizer, rule, settings, config.seed + 1 + i, config.lora_rank)
+        check = _checker(tokenizer, config, (rule,))
+        expert, fits[rule] = train_expert(fresh, tokenizer, rule, settings, config.seed + 1 + i, config.lora_rank, check, target)
         save_adapter(expert, "default", tmp / "experts" / rule, base=final_base)  # the base's final place
-    return losses
+    return {name: asdict(fit) for name, fit in fits.items()}
+
+
+def _check_bars(config: ToyConfig, fits: dict[str, dict], accuracy: dict[str, float]) -> None:
+    missed = [f"{name} {acc:.3f} on {_own_task(name)} after {fits[name]['steps']} steps"
+              for name, acc in accuracy.items() if acc < config.bar]
+    if missed:
+        raise ToyBuildError(f"toy world ({config.variant}, seed {config.seed}) below the {config.bar:.0%} bar: "
+                            f"{'; '.join(missed)}; nothing was written (raise extra_rounds or base_steps)")
 
 
 def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = False) -> ToyWorld:
     """Train and save the toy world into `root`, atomically.
 
     Everything is built in a temporary sibling folder and renamed into place at the end, so an
-    interrupted build leaves nothing half-written.
+    interrupted or failed build leaves nothing half-written.
 
     Raises:
         FileExistsError: `root` is a non-empty folder and `force` is False.
+        ToyBuildError: a model's exact match on its evaluation set is below `config.bar`.
     """
     root = Path(root).resolve()
     if root.exists() and any(root.iterdir()) and not force:
         raise FileExistsError(f"{root}: folder is not empty; choose another DIR or pass --force to replace it")
     start = time.perf_counter()
     with atomic_dir(root) as tmp:
-        losses = _train_all(tmp, config, root / "base")
+        fits = _train_all(tmp, config, root / "base")
         accuracy = _evaluate(tmp, config)
+        _check_bars(config, fits, accuracy)
         checksums = {"base": tensor_checksum(tmp / "base" / "model.safetensors")}
         for rule in config.experts:
             checksums[rule] = tensor_checksum(tmp / "experts" / rule / "adapter_model.safetensors")
@@ -174,7 +229,7 @@ def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = F
             "sizes": _sizes(tmp, config),
             "accuracy": accuracy,
             "accuracy_tasks": {m: _own_task(m) for m in accuracy},
-            "final_train_loss": losses,
+            "training": fits,
             "checksums": checksums,
             "build_seconds": round(time.perf_counter() - start, 1),
             "torch": torch.__version__,

@@ -34,3 +34,15 @@ def exact_match(model, tokenizer: PreTrainedTokenizerBase, docs: list[dict]) -> 
             expected = tokenizer(d["target"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
             correct += row[: len(expected)] == expected
     return correct / len(docs)
+
+
+@torch.no_grad()
+def teacher_forced_exact(model, inputs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> float:
+    """Share of rows whose every scored label is the argmax, the inputs fed as given (e.g. corrupted).
+
+    Args:
+        inputs (B, T), labels (B, T) with -100 where unscored, mask (B, T): a `make_batch` batch.
+    """
+    predicted = model(input_ids=inputs, attention_mask=mask).logits.argmax(-1)  # (B, T)
+    scored = labels != -100  # (B, T)
+    return ((predicted == labels) | ~scored).all(-1).float().mean().item()
