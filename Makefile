@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TOY_DIR ?= toy_world
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup test test-fast demo smol clean
+.PHONY: setup test test-fast demo toy-seeds smol clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,11 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q toy build $(TOY_DIR) --if-missing
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/toy-letters.yaml
+
+# The toy tables of the README over seeds: builds (or reuses) factorised and entangled worlds of
+# seeds 0-4 under runs/toy-worlds (~3 min each) and writes runs/toy-seeds/seeds.{md,json}.
+toy-seeds: $(STAMP)
+	$(OFFLINE) $(PY) scripts/toy_composition.py --worlds runs/toy-worlds --seeds 0 1 2 3 4 --out runs/toy-seeds
 
 # The SmolLM2 world (a real LLM, see the README): convert, train the three experts (~10 min each),
 # run recipes/smol-math-code.yaml (it runs model-written code in a sandbox: HF_ALLOW_CODE_EVAL=1 opts in).

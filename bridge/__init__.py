@@ -1,7 +1,14 @@
 """bridge: parameter-space merges of the experts that logitcomp composes, and diagnostics between the two."""
 
-from .diagnostics import Comparison, compare
-from .lora_merge import merge_as_lora
-from .mergekit_merge import merge_methods, mergekit_config, task_arithmetic
+from logitcomp.lazy import lazy_exports
 
-__all__ = ["Comparison", "compare", "merge_as_lora", "merge_methods", "mergekit_config", "task_arithmetic"]
+_EXPORTS = {
+    "Comparison": ".diagnostics",
+    "compare": ".diagnostics",
+    "merge_as_lora": ".lora_merge",
+    "merge_methods": ".mergekit_merge",
+    "mergekit_config": ".mergekit_merge",
+    "task_arithmetic": ".mergekit_merge",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -15,10 +15,10 @@ from peft import PeftConfig, PeftModel
 from peft.tuners.lora import LoraLayer
 from transformers import AutoModelForCausalLM
 
+from logitcomp.inputs import resolve
 from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
-from .inputs import resolve
 
 MERGED = "merged"
 

@@ -1,6 +1,6 @@
 """Parameter-space merges with mergekit, in-process, never asking the hub.
 
-Pitfalls handled here (../shared/GOTCHAS.md): every path is absolute (a relative or missing path
+Pitfalls handled here (measured with mergekit 0.1.5): every path is absolute (a relative or missing path
 makes mergekit look on the hub); a `+` inside a path would break mergekit's `base+adapter` syntax;
 LoRA experts need a LoRA merge cache, and mergekit's process-wide loader cache returns stale
 weights when an adapter changes at the same path, so each call gets a fresh cache folder and the
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import yaml
 
+from logitcomp.inputs import resolve
 from logitcomp.io import atomic_dir
 
-from .inputs import resolve
 
 log = logging.getLogger(__name__)
 CONFIG_NAME = "mergekit_config.yml"

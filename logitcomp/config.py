@@ -1,11 +1,26 @@
-"""Options of a composition, validated on construction."""
+"""Options of a composition, validated on construction (no torch: recipes validate without it)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from .ops import DEFAULT_FLOOR, EOS_POLICIES, check_weights
+DEFAULT_FLOOR = -1e4  # the paper's code clamps base log-probs here
+EOS_POLICIES = ("compose", "base", "any", "all")
+
+
+def check_weights(weights: Sequence[float], names: Sequence[str] | None = None) -> list[float]:
+    """Return the weights as floats. Raises ValueError naming a weight that is not a finite number."""
+    out = []
+    for i, w in enumerate(weights):
+        label = repr(names[i]) if names is not None else f"#{i}"
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ValueError(f"weight of expert {label}: expected a finite number, got {w!r}")
+        if not math.isfinite(w):
+            raise ValueError(f"weight of expert {label}: expected a finite number, got {w!r}")
+        out.append(float(w))
+    return out
 
 
 @dataclass

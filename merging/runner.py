@@ -14,17 +14,17 @@ import difflib
 import json
 import logging
 import time
-from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from logitcomp.inputs import check_base, check_expert
 from logitcomp.io import atomic_dir, atomic_write_bytes
-from logitcomp.loading import LoadOptions, check_safetensors, check_adapter_base, expert_kind
 
 from .recipe import Recipe, RecipeError, ResolvedPaths, load_recipe
 from .report import markdown_table, write_reports
+from .variants import Variant, lm_eval_model, plan
 
 log = logging.getLogger(__name__)
 
@@ -45,40 +45,19 @@ for _name in ("lm_eval.models.huggingface", "lm_eval.api.task"):
     logging.getLogger(_name).addFilter(_DropWarnings())
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One row of the comparison: `kind` is base, expert, composed, merged or merged_lora."""
-
-    name: str
-    kind: str
-
-
-def plan(recipe: Recipe) -> list[Variant]:
-    rows = []
-    for v in recipe.variants:
-        rows += [Variant(n, "expert") for n in recipe.experts] if v == "experts" else [Variant(v, v)]
-    return rows
-
-
 def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True) -> None:
     """Everything that can be checked without loading a model. Raises RecipeError naming the field."""
     import bridge
 
-    local_base = not isinstance(paths.base, str)
-    if local_base and not (paths.base / "config.json").is_file():
-        raise RecipeError(f"base: {paths.base} is not a model folder (no config.json)")
+    base = None if isinstance(paths.base, str) else paths.base
     try:
-        if local_base:
-            check_safetensors("base", paths.base, recipe.allow_pickle)
+        if base is not None:
+            base = check_base(base, recipe.allow_pickle)
         for name, path in paths.experts.items():
             if isinstance(path, str):
                 log.info("experts.%s: %s is a hub reference, not checked offline", name, path)
-                continue
-            if not path.exists():
-                raise ValueError(f"experts.{name}: {path} does not exist")
-            if expert_kind(name, path) == "lora" and local_base:
-                check_adapter_base(name, path, paths.base)
-            check_safetensors(f"experts.{name}", path, recipe.allow_pickle)
+            else:
+                check_expert(name, path, base, allow_pickle=recipe.allow_pickle, label=f"experts.{name}")
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
     if any(v in recipe.variants for v in ("merged", "merged_lora")):
@@ -87,7 +66,7 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
             raise RecipeError(f"merge.method: unknown merge method {recipe.merge.method!r}; mergekit has {sorted(methods)}")
     if not check_tasks:
         return
-    manager = task_manager(paths)
+    manager = task_manager(paths, list(recipe.evaluate.tasks))
     known = set(manager.all_tasks)
     for task in recipe.evaluate.tasks:
         if task not in known:
@@ -95,7 +74,7 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
             raise RecipeError(f"evaluate.tasks: unknown lm-eval task {task!r}{hint}")
     if recipe.evaluate.confirm_run_unsafe_code:
-        from .smol.sandbox import check_opt_in
+        from .worlds.sandbox import check_opt_in
 
         try:
             check_opt_in()  # fail now, not after the first variant's generations
@@ -103,72 +82,16 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
             raise RecipeError(f"evaluate.confirm_run_unsafe_code: {exc}") from None
 
 
-def task_manager(paths: ResolvedPaths):
+def task_manager(paths: ResolvedPaths, tasks: list[str]):
+    """lm-eval's TaskManager; when every task is in the recipe's include_path, only that folder is
+    indexed (indexing lm-eval's thousands of built-in task files takes seconds)."""
     from lm_eval.tasks import TaskManager
 
+    if paths.include_path:
+        local = TaskManager(include_path=str(paths.include_path), include_defaults=False)
+        if set(tasks) <= set(local.all_tasks):
+            return local
     return TaskManager(include_path=str(paths.include_path) if paths.include_path else None)
-
-
-def composition_config(recipe: Recipe):
-    from logitcomp import CompositionConfig
-
-    return CompositionConfig(weights={n: e.weight for n, e in recipe.experts.items()}, floor=recipe.compose.floor,
-                             eos_policy=recipe.compose.eos_policy, masks=dict(recipe.compose.masks))
-
-
-def load_composed(recipe: Recipe, paths: ResolvedPaths):
-    """The recipe's composed model."""
-    from logitcomp import ComposedModelForCausalLM
-
-    ev = recipe.evaluate
-    return ComposedModelForCausalLM.from_experts(paths.base, paths.experts, config=composition_config(recipe),
-                                                 dtype=None if ev.dtype == "auto" else ev.dtype, device=ev.device,
-                                                 allow_pickle=recipe.allow_pickle, trust_remote_code=recipe.trust_remote_code)
-
-
-def build_merges(recipe: Recipe, paths: ResolvedPaths, kinds=("merged", "merged_lora")) -> dict[str, Path]:
-    """Build the recipe's parameter-space models into OUTPUT/models (mergekit and merge-as-LoRA)."""
-    import bridge
-
-    weights = {n: e.weight for n, e in recipe.experts.items()}
-    built = {}
-    if "merged" in kinds:
-        built["merged"] = bridge.task_arithmetic(paths.base, paths.experts, paths.output / "models" / "merged", weights,
-                                                 recipe.merge.method, recipe.merge.parameters, device=recipe.evaluate.device)
-    if "merged_lora" in kinds and recipe.merge.lora:
-        built["merged_lora"] = bridge.merge_as_lora(paths.base, paths.experts, paths.output / "models" / "merged_lora", weights)
-    return built
-
-
-def _lm(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
-    """The lm-eval model of one variant."""
-    from lm_eval.models.huggingface import HFLM
-    from peft import PeftModel
-    from transformers import AutoTokenizer
-
-    from logitcomp.loading import load_model
-
-    from .harness import LogitcompLM
-
-    ev = recipe.evaluate
-    options = LoadOptions(None if ev.dtype == "auto" else ev.dtype, ev.device, recipe.allow_pickle, recipe.trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(paths.base, trust_remote_code=recipe.trust_remote_code)
-    if variant.kind == "composed":
-        return LogitcompLM(pretrained=load_composed(recipe, paths), tokenizer=tokenizer, batch_size=ev.batch_size)
-    if variant.kind == "base":
-        model = load_model("base", paths.base, options)
-    elif variant.kind == "expert":
-        path = paths.experts[variant.name]
-        if expert_kind(variant.name, path) == "lora":
-            model = PeftModel.from_pretrained(load_model("base", paths.base, options), path)
-        else:
-            model = load_model(f"experts.{variant.name}", path, options)
-    elif variant.kind == "merged":
-        model = load_model("merged", build_merges(recipe, paths, ("merged",))["merged"], options)
-    else:
-        out = build_merges(recipe, paths, ("merged_lora",))["merged_lora"]
-        model = PeftModel.from_pretrained(load_model("base", paths.base, options), out)
-    return HFLM(pretrained=model.eval(), tokenizer=tokenizer, batch_size=ev.batch_size)
 
 
 def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
@@ -178,8 +101,8 @@ def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> 
 
     ev = recipe.evaluate
     start = time.perf_counter()
-    lm = _lm(variant, recipe, paths)
-    results = simple_evaluate(model=lm, tasks=list(ev.tasks), task_manager=task_manager(paths), limit=ev.limit,
+    lm = lm_eval_model(variant, recipe, paths)
+    results = simple_evaluate(model=lm, tasks=list(ev.tasks), task_manager=task_manager(paths, list(ev.tasks)), limit=ev.limit,
                               num_fewshot=ev.num_fewshot, gen_kwargs=dict(ev.gen_kwargs) or None, log_samples=True,
                               confirm_run_unsafe_code=ev.confirm_run_unsafe_code)
     samples = results.pop("samples")

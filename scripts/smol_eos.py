@@ -22,8 +22,8 @@ from transformers import AutoTokenizer
 
 from logitcomp import ComposedModelForCausalLM, CompositionConfig
 from logitcomp.ops import EOS_POLICIES
-from merging.smol.data import math_prompt
-from merging.toy.data import read_jsonl
+from merging.worlds.smol.data import math_prompt
+from merging.worlds.common import read_jsonl
 
 TASKS = Path(__file__).resolve().parent.parent / "recipes" / "tasks" / "smol"
 STOP = ["Question:", "\n\n"]  # the smol_math task's `until`, besides the EOS token

@@ -20,9 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import bridge
 from logitcomp import ComposedModelForCausalLM
-from merging.toy import TASKS, ToyWorld, make_eval_set
-from merging.toy.data import prompt_of
-from merging.toy.evaluate import exact_match
+from merging.worlds.toy import TASKS, ToyWorld, make_eval_set
+from merging.worlds.toy.data import prompt_of
+from merging.worlds.toy.evaluate import exact_match
 
 EXPERTS = ("a2b", "c2d")
 

@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bridge import merge_as_lora
 from logitcomp import ComposedModelForCausalLM
 from logitcomp.io import atomic_write_bytes
-from merging.toy import TASKS, ToyConfig, ToyWorld, build_toy_world, make_eval_set
-from merging.toy.evaluate import exact_match
+from merging.worlds.toy import TASKS, ToyConfig, ToyWorld, build_toy_world, make_eval_set
+from merging.worlds.toy.evaluate import exact_match
 
 EVAL_TASKS = {"pair": ("a2b", "c2d"), "triple": ("a2b", "c2d", "e2f")}  # task -> the experts it needs
 

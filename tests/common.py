@@ -6,9 +6,8 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-
-from merging.toy import make_tokenizer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 # name -> LoRA settings; different ranks, alphas, scalings and target modules on purpose
 TINY_ADAPTERS = {
@@ -16,6 +15,16 @@ TINY_ADAPTERS = {
     "b": dict(r=4, lora_alpha=2, target_modules=["q_proj", "k_proj", "o_proj", "gate_proj"]),
     "c": dict(r=3, lora_alpha=6, target_modules=["up_proj", "down_proj", "v_proj"], use_rslora=True),
 }
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """Characters as tokens: <pad>, <bos>, <eos>, <unk>, then printable ASCII (99 in all); BOS prepended."""
+    chars = ["<pad>", "<bos>", "<eos>", "<unk>", *map(chr, range(32, 127))]
+    core = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="<unk>"))
+    core.pre_tokenizer, core.decoder = pre_tokenizers.Split(pattern="", behavior="isolated"), decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    specials = dict(bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(tokenizer_object=core, **specials)
 
 
 def make_tiny_llama(out_dir: Path, seed: int = 0) -> Path:

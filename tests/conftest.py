@@ -36,38 +36,5 @@ def tiny(tmp_path_factory) -> TinyWorld:
     return TinyWorld(base, adapters, make_tiny_full_expert(base, root / "full", seed=7))
 
 
-def _toy_world(tmp_path_factory, variant: str):
-    """The full toy world, built once per session (or reused from $LOGITCOMP_TOY_<VARIANT>)."""
-    from merging.toy import ToyConfig, ToyWorld, build_toy_world
-
-    reuse = os.environ.get(f"LOGITCOMP_TOY_{variant.upper()}")
-    if reuse:
-        world = ToyWorld.load(Path(reuse))
-        assert world.config == ToyConfig(variant=variant), f"{reuse} holds another toy configuration"
-        return world
-    return build_toy_world(tmp_path_factory.mktemp(f"toy-{variant}") / "world", ToyConfig(variant=variant))
-
-
-@pytest.fixture(scope="session")
-def toy_factorised(tmp_path_factory):
-    return _toy_world(tmp_path_factory, "factorised")
-
-
-@pytest.fixture(scope="session")
-def toy_entangled(tmp_path_factory):
-    return _toy_world(tmp_path_factory, "entangled")
-
-
 # scripts/ are thin drivers; tests call their functions (e.g. scripts/toy_composition.py)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-
-@pytest.fixture(scope="session")
-def smol(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct converted once per session (or reused from $LOGITCOMP_SMOL). Returns the world folder."""
-    from merging.smol.convert import build_smol
-
-    reuse = os.environ.get("LOGITCOMP_SMOL")
-    root = Path(reuse) if reuse else tmp_path_factory.mktemp("smol") / "world"
-    build_smol(root)
-    return root

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -11,11 +12,12 @@ import sys
 import pytest
 import torch
 from peft import PeftModel
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from merging.cli import main
-from merging.toy import ToyBuildError, ToyConfig, ToyWorld, build_toy_world
-from merging.toy.train import TrainSettings, train_until
+from merging.worlds.toy import ToyBuildError, ToyConfig, ToyWorld, build_toy_world
+from merging.worlds.common import TrainSettings, train_until
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +44,29 @@ def test_every_saved_file_reloads(fast_world):
 
 
 def test_toy_json_records_the_build(fast_world):
-    meta = json.loads((fast_world.root / "toy.json").read_text())
-    assert meta["variant"] == "factorised"
-    assert set(meta["accuracy"]) == {"base", "a2b", "c2d", "e2f"}
-    assert meta["accuracy_tasks"]["base"] == "identity" and meta["accuracy_tasks"]["c2d"] == "c2d"
-    assert meta["sizes"]["base_parameters"] > 0 and meta["sizes"]["a2b_lora_parameters"] > 0
-    assert meta["build_seconds"] > 0 and len(meta["checksums"]["world"]) == 64
-    assert set(meta["seeds"]) == {"base", "a2b", "c2d", "e2f"}
+    """toy.json against the saved files: sizes, checksums, seeds, steps and accuracy recomputed independently."""
+    from merging.worlds.toy.build import tensor_checksum
+    from merging.worlds.toy.evaluate import exact_match
+    from merging.worlds.toy import TASKS, make_eval_set
+
+    meta, config = json.loads((fast_world.root / "toy.json").read_text()), fast_world.config
+    assert meta["variant"] == "factorised" and meta["seeds"] == {"base": 0, "a2b": 1, "c2d": 2, "e2f": 3}
+    base = AutoModelForCausalLM.from_pretrained(fast_world.base)
+    assert meta["sizes"]["base_parameters"] == sum(p.numel() for p in base.parameters())
+    parts = {"base": tensor_checksum(fast_world.base / "model.safetensors")}
+    tokenizer = AutoTokenizer.from_pretrained(fast_world.base)
+    for rule in config.experts:
+        saved = fast_world.expert(rule) / "adapter_model.safetensors"
+        parts[rule] = tensor_checksum(saved)
+        with safe_open(str(saved), framework="pt") as f:
+            assert meta["sizes"][f"{rule}_lora_parameters"] == sum(f.get_tensor(k).numel() for k in f.keys())
+        assert meta["training"][rule]["steps"] == config.expert_steps and meta["training"][rule]["rounds"] == 1
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(fast_world.base), fast_world.expert(rule))
+        docs = make_eval_set(next(t for t in TASKS if t.name == rule), size=config.eval_size)
+        assert meta["accuracy"][rule] == exact_match(model.eval(), tokenizer, docs)
+    assert {k: v for k, v in meta["checksums"].items() if k != "world"} == parts
+    assert meta["checksums"]["world"] == hashlib.sha256("".join(parts.values()).encode()).hexdigest()
+    assert meta["training"]["base"]["steps"] == config.base_steps and meta["build_seconds"] > 0
 
 
 def test_same_seed_same_weights_other_seed_other_weights(fast_world, tmp_path):
@@ -74,7 +92,7 @@ def test_non_empty_folder_is_refused_and_left_alone(tmp_path):
 
 
 def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
-    import merging.toy.build as build
+    import merging.worlds.toy.build as build
 
     def boom(*_args, **_kwargs):
         raise RuntimeError("interrupted")

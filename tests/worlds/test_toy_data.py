@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from merging.toy import RULES, TASKS, apply_rules, make_eval_set, make_tokenizer, write_task_files
-from merging.toy.data import HELDOUT_LENGTHS, TRAIN_LENGTHS, read_jsonl, sample_training_pair
-from merging.toy.tokenizer import ALPHABET
+from merging.worlds.toy import RULES, TASKS, apply_rules, make_eval_set, make_tokenizer, write_task_files
+from merging.worlds.common import read_jsonl
+from merging.worlds.toy.data import HELDOUT_LENGTHS, TRAIN_LENGTHS, sample_training_pair
+from merging.worlds.toy.tokenizer import ALPHABET
 
-SHIPPED = Path(__file__).resolve().parent.parent / "recipes" / "tasks" / "toy"
+SHIPPED = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "toy"
 
 
 def test_alphabet_and_rules():

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from merging.smol.data import ANSWER_MARKER, code_tasks, math_problems, task_data
-from merging.smol.sandbox import OPT_IN, CodeExecutionNotAllowed, Limits, passes_tests, run_program
+from merging.worlds.smol.data import ANSWER_MARKER, code_tasks, math_problems, task_data
+from merging.worlds.sandbox import OPT_IN, CodeExecutionNotAllowed, Limits, passes_tests, run_program
 
-TASKS = Path(__file__).resolve().parent.parent / "recipes" / "tasks" / "smol"
+TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "smol"
 
 
 def test_shipped_task_files_are_the_generators_output():
@@ -57,7 +57,7 @@ def test_reference_solutions_pass_and_wrong_ones_fail(monkeypatch):
 def test_sandbox_limits(monkeypatch, tmp_path):
     monkeypatch.setenv(OPT_IN, "1")
     ok, why = run_program("while True:\n    pass\n", Limits(seconds=1))
-    assert not ok and ("timed out" in why or why == "")
+    assert not ok and (why == "timed out after 1 s" or why in ("killed by SIGXCPU", "killed by SIGKILL")), why
     ok, why = run_program("x = bytearray(2 * 1024**3)\n", Limits(memory_mib=256))
     assert not ok and "MemoryError" in why
     ok, _ = run_program("import os\nassert os.listdir('.') == ['program.py']\nassert 'HF_ALLOW_CODE_EVAL' not in os.environ\n")

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
-from ..toy.train import LORA_TARGETS, pad_right, train_loop
+from ..common import LORA_TARGETS, pad_right, train_loop
 from .data import code_tasks, math_problems, math_prompt, prose
 
 STYLE_PROMPT = "Question: Repeat in capital letters: {sentence}\nAnswer:"
@@ -82,3 +82,24 @@ def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpe
         save_adapter(model, "default", tmp, base=base)
         (tmp / "train.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def train_smol_experts(root: Path, names: list[str], steps: int | None = None, seed: int = 0, force: bool = False):
+    """Train each named expert unless ROOT/experts/NAME already holds this configuration (or `force`).
+
+    Yields:
+        (name, its train.json contents, whether an earlier training was reused).
+
+    Raises:
+        ValueError: an unknown expert name (before anything is trained).
+    """
+    if unknown := [n for n in names if n not in DEFAULT_STEPS]:
+        raise ValueError(f"--experts: expected names from {sorted(DEFAULT_STEPS)}, got {unknown}")
+    for name in names:
+        config = SmolExpertConfig(steps=steps or DEFAULT_STEPS[name], seed=seed)
+        done = Path(root) / "experts" / name / "train.json"
+        meta = json.loads(done.read_text()) if done.exists() and not force else None
+        if meta and meta["config"] == asdict(config):
+            yield name, meta, True
+        else:
+            yield name, train_smol_expert(Path(root), name, config), False

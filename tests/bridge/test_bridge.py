@@ -97,11 +97,28 @@ def test_mergekit_config_is_what_mergekit_yaml_reads(tiny):
     assert config["parameters"] == {"density": 0.5}
 
 
-@pytest.mark.parametrize("method", ["ties", "dare_linear", "breadcrumbs", "linear"])
+def test_linear_merge_is_the_normalised_weighted_mean(tiny, tmp_path):
+    """mergekit's `linear` averages whole weights: (w_a θ_a + w_f θ_f) / (w_a + w_f), by hand."""
+    out = bridge.task_arithmetic(tiny.base, {"a": tiny.adapters["a"], "full": tiny.full_expert}, tmp_path / "linear",
+                                 {"a": 1.0, "full": 3.0}, method="linear")
+    theta_a = hand_task_arithmetic(tiny.base, {"a": tiny.adapters["a"]}, {})
+    theta_f = {k: v.double() for k, v in load_file(tiny.full_expert / "model.safetensors").items()}
+    want = {k: (theta_a[k] + 3.0 * theta_f[k]) / 4.0 for k in theta_a}
+    assert _max_diff(load_file(out / "model.safetensors"), want) <= 1e-6
+
+
+@pytest.mark.parametrize("method", ["ties", "dare_linear", "breadcrumbs"])
 def test_other_mergekit_methods_pass_through(tiny, tmp_path, method):
+    """Sparsifying methods: every weight finite, the experts' changes present, the recorded config names the method."""
     out = bridge.task_arithmetic(tiny.base, {"a": tiny.adapters["a"], "full": tiny.full_expert}, tmp_path / method,
-                                 method=method, parameters={"density": 0.9} if method != "linear" else None)
-    assert (out / "model.safetensors").exists()
+                                 method=method, parameters={"density": 0.9})
+    got = load_file(out / "model.safetensors")
+    base = load_file(tiny.base / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in got.values())
+    changed = [k for k in base if not torch.equal(got[k], base[k])]
+    assert "model.layers.0.self_attn.q_proj.weight" in changed and len(changed) >= len(base) // 2, changed
+    recorded = yaml.safe_load((out / "mergekit_config.yml").read_text())
+    assert recorded["merge_method"] == method and recorded["parameters"] == {"density": 0.9}
 
 
 def test_linear_setting_task_arithmetic_equals_composition():

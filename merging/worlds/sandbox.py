@@ -61,7 +61,8 @@ def run_program(program: str, limits: Limits = Limits()) -> tuple[bool, str]:
     """Run `program` in the sandbox.
 
     Returns:
-        (exited with status 0 within the limits, the last 500 characters of its stderr or the reason).
+        (exited with status 0 within the limits, the last 500 characters of its stderr or the
+        reason it was stopped: a timeout or the signal that killed it).
     """
     check_opt_in()
     with tempfile.TemporaryDirectory(prefix="logitcomp-sandbox-") as tmp:
@@ -78,6 +79,8 @@ def run_program(program: str, limits: Limits = Limits()) -> tuple[bool, str]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             return False, f"timed out after {limits.seconds} s"
+    if proc.returncode < 0:  # a signal: SIGXCPU/SIGKILL from the CPU limit leaves stderr empty
+        return False, f"killed by {signal.Signals(-proc.returncode).name}"
     return proc.returncode == 0, err[-500:]
 
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from common import make_tiny_llama, make_tiny_lora
 from merging.recipe import Recipe, RecipeError, load_recipe
 
-TASKS = Path(__file__).resolve().parent.parent / "recipes" / "tasks"
+TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 
 
 def write_recipe(tmp_path: Path, tiny, **changes) -> Path:

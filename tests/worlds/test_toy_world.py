@@ -6,8 +6,8 @@ import pytest
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from merging.toy import ACCURACY_BAR, TASKS, make_eval_set
-from merging.toy.evaluate import exact_match
+from merging.worlds.toy import ACCURACY_BAR, TASKS, make_eval_set
+from merging.worlds.toy.evaluate import exact_match
 from merging.harness import TASKS_DIR
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import yaml
 from merging.runner import run_recipe
 
 pytestmark = pytest.mark.slow
-TASKS = Path(__file__).resolve().parent.parent / "recipes" / "tasks"
+TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 
 
 def test_toy_recipe_composed_solves_the_pair_task_and_lm_eval_cli_agrees(toy_factorised, tmp_path):

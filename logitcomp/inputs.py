@@ -1,0 +1,116 @@
+"""Checks of a base and its experts that need no model loaded: one clear error naming the expert,
+weight or path. `validate`, `run`, `merge`, the lm-eval model, `from_experts` and every bridge
+merge call `resolve`; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import check_weights
+
+
+@dataclass(frozen=True)
+class Expert:
+    """One checked expert: absolute folder, `lora` or `full`, and its weight."""
+
+    name: str
+    path: Path
+    kind: str
+    weight: float
+
+
+def expert_kind(name: str, path: Path) -> str:
+    """`lora` or `full`. Raises ValueError naming the expert when the folder is neither."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"expert {name!r}: {path} is not a folder")
+    if (path / "adapter_config.json").is_file():
+        return "lora"
+    if (path / "config.json").is_file():
+        return "full"
+    raise ValueError(f"expert {name!r}: {path} is neither a peft adapter (adapter_config.json) nor a model folder (config.json)")
+
+
+def check_safetensors(label: str, path: Path, allow_pickle: bool) -> None:
+    if allow_pickle or list(path.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+    what = f"only pickled weights ({', '.join(pickled)})" if pickled else "no .safetensors weights"
+    raise ValueError(f"{label}: {path} has {what}; convert to safetensors or opt in with allow_pickle")
+
+
+def _fingerprint(model_dir: Path, span: int = 1 << 20) -> tuple:
+    """What identifies a local model folder cheaply: its config, and per weight file its size and
+    a hash of its first and last MiB (two trainings of one architecture differ there; hashing
+    whole multi-GB files on every load would not be cheap)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("_name_or_path", None)
+    files = []
+    for path in sorted(model_dir.glob("*.safetensors")):
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(span)
+            f.seek(max(0, size - span))
+            digest = hashlib.sha256(head + f.read(span)).hexdigest()
+        files.append((path.name, size, digest))
+    return json.dumps(config, sort_keys=True), tuple(files)
+
+
+def check_adapter_base(name: str, adapter_dir: Path, base_dir: Path) -> None:
+    """Refuse an adapter whose recorded base is another local model than `base_dir`."""
+    recorded = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not recorded or not Path(recorded).is_dir() or Path(recorded).resolve() == Path(base_dir).resolve():
+        return
+    if (Path(recorded) / "config.json").is_file() and _fingerprint(Path(recorded)) == _fingerprint(Path(base_dir)):
+        return  # a copy of the same base
+    raise ValueError(f"expert {name!r}: {adapter_dir} is an adapter of {recorded}, not of the base {base_dir}")
+
+
+def check_base(base, allow_pickle: bool = False) -> Path:
+    """The absolute base folder. Raises ValueError when it is no model folder or holds only pickles."""
+    base = Path(base).expanduser().resolve()
+    if not (base / "config.json").is_file():
+        raise ValueError(f"base: {base} is not a model folder (no config.json)")
+    check_safetensors("base", base, allow_pickle)
+    return base
+
+
+def check_expert(name: str, path, base: Path | None, weight: float = 1.0, allow_pickle: bool = False,
+                 label: str | None = None) -> Expert:
+    """One expert folder, checked against `base` when it is a local folder (None: a hub reference).
+
+    Args:
+        label: how messages name the expert (a recipe says `experts.NAME`); default `expert 'NAME'`.
+    """
+    path = Path(path).expanduser().resolve()
+    label = label or f"expert {name!r}"
+    if not path.exists():
+        raise ValueError(f"{label}: {path} does not exist")
+    kind = expert_kind(name, path)
+    if kind == "lora" and base is not None:
+        check_adapter_base(name, path, base)
+    check_safetensors(label, path, allow_pickle)
+    return Expert(name, path, kind, weight)
+
+
+def resolve(base, experts: dict, weights: dict | None = None, *, allow_pickle: bool = False) -> tuple[Path, list[Expert]]:
+    """Absolute base folder and checked experts, in the given order.
+
+    Raises:
+        ValueError: a missing folder, a folder that is neither adapter nor model, pickled weights
+            without `allow_pickle`, an adapter of another base, weights naming unknown experts or
+            not finite.
+    """
+    base = check_base(base, allow_pickle)
+    if not experts:
+        raise ValueError("experts: expected at least one expert")
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(experts))
+    if unknown:
+        raise ValueError(f"weights: unknown expert {unknown[0]!r}; the experts are {list(experts)}")
+    values = check_weights([weights.get(n, 1.0) for n in experts], list(experts))
+    return base, [check_expert(n, p, base, w, allow_pickle) for (n, p), w in zip(experts.items(), values)]

@@ -1,0 +1,49 @@
+"""Compose a recipe's experts and decode one prompt (the `logitcomp generate` command)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .recipe import load_recipe
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A greedy continuation and, when traced, per new token: (token, KL(p_i ‖ p_b) per expert, composed entropy)."""
+
+    text: str
+    experts: list[str]
+    trace: list[tuple[str, list[float], float]]
+
+
+def load_recipe_models(path, check_tasks: bool = False):
+    """Load and check a recipe's models offline, then fetch hub references. Returns (recipe, paths)."""
+    from .runner import check_inputs
+
+    recipe, paths = load_recipe(path)
+    check_inputs(recipe, paths, check_tasks=check_tasks)
+    paths.fetch()
+    return recipe, paths
+
+
+def generate_from_recipe(path, prompt: str, max_new_tokens: int = 32, trace: bool = False) -> Generation:
+    """Greedy decoding of `prompt` by the recipe's composed model."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from .variants import load_composed
+
+    recipe, paths = load_recipe_models(path)
+    composed = load_composed(recipe, paths)
+    tokenizer = AutoTokenizer.from_pretrained(paths.base)
+    batch = tokenizer([prompt], return_tensors="pt").to(composed.device)
+    with torch.no_grad():
+        out = composed.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)  # (1, T + new)
+    new = out[0, batch.input_ids.shape[1]:]
+    rows = []
+    if trace:
+        steps = composed.trace(out)  # position t scores token t + 1
+        start = batch.input_ids.shape[1] - 1
+        for i, token in enumerate(tokenizer.convert_ids_to_tokens(new.tolist())):
+            rows.append((token, steps.kl[0, start + i].tolist(), steps.entropy[0, start + i].item()))
+    return Generation(tokenizer.decode(new, skip_special_tokens=True), list(composed.experts), rows)

@@ -1,0 +1,11 @@
+"""The worlds models are trained in here (toy, SmolLM2, ...), each a sub-package with its data,
+training and build commands; `common` holds what they share and `sandbox` runs model-written code.
+
+`WORLDS` maps a world's name to the function that adds its `logitcomp <world> ...` commands.
+The runner and the lm-eval tasks import no world.
+"""
+
+from .smol.cli import add_commands as _smol
+from .toy.cli import add_commands as _toy
+
+WORLDS = {"toy": _toy, "smol": _smol}

@@ -1,0 +1,53 @@
+"""`logitcomp toy ...`: parse, call the toy world's library functions, print."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _build(args: argparse.Namespace) -> int:
+    from .build import ToyConfig, ensure_toy_world
+
+    overrides = {"variant": args.variant, "seed": args.seed}
+    config = ToyConfig.fast(**overrides) if args.fast else ToyConfig(**overrides)
+    world, reused = ensure_toy_world(Path(args.dir), config, force=args.force, if_missing=args.if_missing)
+    if reused:
+        print(f"toy world already built in {args.dir} (pass --force to rebuild)")
+    _print_world(world)
+    return 0
+
+
+def _print_world(world) -> None:
+    tasks, training, bar = world.extra.get("accuracy_tasks", {}), world.extra.get("training", {}), world.config.bar
+    print(f"\ntoy world: {world.root}  variant={world.config.variant}  seed={world.config.seed}")
+    print(f"{'model':<8} {'own task':<10} {'exact match':>11} {'steps':>6}")
+    for name, acc in world.accuracy.items():
+        flag = "" if acc >= bar else f"  (below the {bar:.0%} bar)"
+        steps = training.get(name, {}).get("steps", "")
+        print(f"{name:<8} {tasks.get(name, ''):<10} {acc:>11.1%} {steps:>6}{flag}")
+    print(f"build time {world.build_seconds:.1f} s   checksum {world.checksums['world'][:16]}")
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    from .data import write_task_files
+
+    for path in write_task_files(Path(args.dir)):
+        print(path)
+    return 0
+
+
+def add_commands(sub) -> None:
+    """Add `toy build` and `toy tasks` to the `logitcomp` subcommands."""
+    toy = sub.add_parser("toy", help="the embedded letter-substitution world").add_subparsers(dest="toy_command", required=True)
+    build = toy.add_parser("build", help="train the toy base and its LoRA experts into DIR")
+    build.add_argument("dir", metavar="DIR")
+    build.add_argument("--variant", default="factorised", help="factorised (default) or entangled")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--fast", action="store_true", help="seconds-long build of tiny, barely trained models (tests)")
+    build.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
+    build.add_argument("--if-missing", action="store_true", help="reuse DIR when it already holds this world")
+    build.set_defaults(func=_build)
+    tasks = toy.add_parser("tasks", help="write the toy lm-eval tasks (jsonl + YAML) into DIR")
+    tasks.add_argument("dir", metavar="DIR")
+    tasks.set_defaults(func=_tasks)
