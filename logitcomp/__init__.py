@@ -6,18 +6,8 @@ first touch of a model or tensor function imports it.
 
 from .lazy import lazy_exports
 
-_EXPORTS = {
-    "CompositionConfig": ".config",
-    "ComposedCache": ".model",
-    "ComposedCausalLMOutput": ".model",
-    "ComposedModelForCausalLM": ".model",
-    "CompositionTrace": ".model",
-    "compose": ".model",
-    "apply_eos_policy": ".ops",
-    "clamped_logprobs": ".ops",
-    "compose_logprobs": ".ops",
-    "entropy": ".ops",
-    "kl_divergence": ".ops",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".config": ("CompositionConfig",),
+    ".model": ("ComposedCache", "ComposedCausalLMOutput", "ComposedModelForCausalLM", "CompositionTrace", "compose"),
+    ".ops": ("apply_eos_policy", "clamped_logprobs", "compose_logprobs", "entropy", "kl_divergence"),
+})

@@ -10,9 +10,10 @@ import importlib
 from collections.abc import Callable
 
 
-def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """`(__getattr__, __dir__)` for `package`, whose `exports` map a public name to its submodule (`.model`)."""
+def lazy_exports(package: str, modules: dict[str, tuple[str, ...]]) -> tuple[list[str], Callable[[str], object], Callable[[], list[str]]]:
+    """`(__all__, __getattr__, __dir__)` for `package`, whose `modules` map a submodule (`.model`) to the names it exports."""
     namespace = importlib.import_module(package).__dict__
+    exports = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str):
         if name not in exports:
@@ -24,4 +25,4 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
     def __dir__() -> list[str]:
         return sorted(set(namespace) | set(exports))
 
-    return __getattr__, __dir__
+    return sorted(exports), __getattr__, __dir__

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bridge import merge_as_lora
 from logitcomp import ComposedModelForCausalLM
 from logitcomp.io import atomic_write_bytes
-from merging.worlds.toy import TASKS, ToyConfig, ToyWorld, build_toy_world, make_eval_set
+from merging.worlds.toy import TASKS, ToyBuildError, ToyConfig, ToyWorld, build_toy_world, make_eval_set
 from merging.worlds.toy.evaluate import exact_match
 
 EVAL_TASKS = {"pair": ("a2b", "c2d"), "triple": ("a2b", "c2d", "e2f")}  # task -> the experts it needs
@@ -103,17 +103,22 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["factorised", "entangled"])
     parser.add_argument("--out", type=Path, default=Path("runs/toy-seeds"))
     args = parser.parse_args()
-    runs = []
+    runs, failed = [], []
     for variant in args.variants:
         for seed in args.seeds:
-            world = world_for(args.worlds.resolve(), variant, seed)
+            try:
+                world = world_for(args.worlds.resolve(), variant, seed)
+            except ToyBuildError as exc:  # a world below its bar is a result too: listed, not averaged
+                failed.append(f"{variant} seed {seed}: {exc}")
+                print(failed[-1], flush=True)
+                continue
             runs.append({"variant": variant, "seed": seed, "build_seconds": world.build_seconds,
                          "training": world.extra.get("training", {}), "accuracy": world.accuracy,
                          "checksum": world.checksums["world"], "scores": score_world(world)})
             print(f"{variant} seed {seed}: {json.dumps(runs[-1]['scores'])}", flush=True)
     summary = summarise(runs)
-    text = markdown(runs, summary)
-    atomic_write_bytes(args.out / "seeds.json", (json.dumps({"summary": summary, "runs": runs}, indent=2) + "\n").encode())
+    text = markdown(runs, summary) + "".join(f"\nbuild failed: {f}\n" for f in failed)
+    atomic_write_bytes(args.out / "seeds.json", (json.dumps({"summary": summary, "runs": runs, "failed": failed}, indent=2) + "\n").encode())
     atomic_write_bytes(args.out / "seeds.md", text.encode())
     print(text)
 

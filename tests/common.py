@@ -28,22 +28,12 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def make_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
-    """Save a random 2-layer Llama (hidden 16) with the toy tokenizer into `out_dir`."""
+    """Save a random 2-layer Llama (hidden 16) with a character tokenizer into `out_dir`."""
     tokenizer = make_tokenizer()
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    shape = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=False, **shape, **ids)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # the default init (std 0.02) makes every distribution near-uniform
         for p in model.parameters():

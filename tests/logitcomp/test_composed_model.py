@@ -277,3 +277,18 @@ def test_dora_adapters_are_refused(tiny, tmp_path):
     dora = make_tiny_lora(tiny.base, tmp_path / "dora", seed=5, r=2, lora_alpha=2, target_modules=["q_proj"], use_dora=True)
     with pytest.raises(ValueError, match=r"expert 'd', module .*q_proj: DoRA and other LoRA variants are not supported"):
         ComposedModelForCausalLM.from_experts(tiny.base, {"d": dora})
+
+
+def test_unknown_keyword_arguments_are_refused_by_name(tiny, tmp_path):
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a"]))
+    x = torch.randint(4, 99, (1, 5))
+    with pytest.raises(TypeError, match=r"forward: unsupported argument 'colour'"):
+        composed(x, colour="blue")
+    with pytest.raises(ValueError, match=r"output_hidden_states: not available from a composed model"):
+        composed(x, output_hidden_states=True)
+    with pytest.raises(TypeError, match=r"save_pretrained: unsupported argument 'push_to_hub'"):
+        composed.save_pretrained(tmp_path / "c", push_to_hub=True)
+    assert not (tmp_path / "c").exists()
+    composed.save_pretrained(tmp_path / "c")
+    with pytest.raises(TypeError, match=r"from_pretrained: unsupported argument 'revision'"):
+        ComposedModelForCausalLM.from_pretrained(tmp_path / "c", revision="main")

@@ -96,6 +96,12 @@ def test_bad_input_through_the_cli(tiny, tmp_path):
         (dict(base=str(tmp_path / "nobase")), r"base: .*nobase is not a model folder"),
         (dict(evaluate={"tasks": ["toy_a2b"], "include_path": str(TASKS), "confirm_run_unsafe_code": True}),
          r"evaluate\.confirm_run_unsafe_code: HF_ALLOW_CODE_EVAL: .*set HF_ALLOW_CODE_EVAL=1"),
+        # compose: is checked by CompositionConfig itself, before any model is evaluated
+        (dict(compose={"floor": 5.0}), r"compose: floor: expected a finite negative number, got 5\.0"),
+        (dict(compose={"masks": {"a": [3, -1]}}), r"compose: masks\['a'\]: expected a list of non-negative token ids"),
+        (dict(compose={"eos_policy": "first"}), r"compose: eos_policy: expected one of \['compose', 'base', 'any', 'all'\]"),
+        (dict(compose={"weights": {"a": 2.0}}), r"compose: unknown key 'weights'; allowed keys: floor, eos_policy, masks"),
+        (dict(experts={"a": {"path": str(tiny.adapters["a"]), "weight": float("nan")}}), r"weight of expert 'a': expected a finite number"),
     ]
     for i, (changes, pattern) in enumerate(cases):
         command = "run" if i % 2 else "validate"  # both commands share the checks; alternate to keep the suite short

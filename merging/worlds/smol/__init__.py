@@ -4,3 +4,7 @@ code and style LoRA experts trained on CPU, seeded data, lm-eval tasks and a cod
     logitcomp smol build DIR                      # convert the model into DIR/base
     logitcomp smol train DIR --experts math,code,shout
 """
+
+from logitcomp.lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {".data": ("write_task_files",)})

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import smol as world_package
+from ..commands import add_tasks_command
+
 
 def _build(args: argparse.Namespace) -> int:
     from .convert import build_smol
@@ -25,14 +28,6 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tasks(args: argparse.Namespace) -> int:
-    from .data import write_task_files
-
-    for path in write_task_files(Path(args.dir)):
-        print(path)
-    return 0
-
-
 def add_commands(sub) -> None:
     """Add `smol build`, `smol train` and `smol tasks` to the `logitcomp` subcommands."""
     smol = sub.add_parser("smol", help="the SmolLM2-135M-Instruct world (a real LLM, offline)").add_subparsers(dest="smol_command", required=True)
@@ -47,6 +42,4 @@ def add_commands(sub) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
     train.set_defaults(func=_train)
-    tasks = smol.add_parser("tasks", help="write the smol lm-eval task data (jsonl) into DIR")
-    tasks.add_argument("dir", metavar="DIR")
-    tasks.set_defaults(func=_tasks)
+    add_tasks_command(smol, "write the smol lm-eval task data (jsonl) into DIR", world_package)

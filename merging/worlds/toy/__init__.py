@@ -6,19 +6,8 @@
 
 from logitcomp.lazy import lazy_exports
 
-_EXPORTS = {
-    "ACCURACY_BAR": ".build",
-    "ToyBuildError": ".build",
-    "ToyConfig": ".build",
-    "ToyWorld": ".build",
-    "build_toy_world": ".build",
-    "ensure_toy_world": ".build",
-    "RULES": ".data",
-    "TASKS": ".data",
-    "apply_rules": ".data",
-    "make_eval_set": ".data",
-    "write_task_files": ".data",
-    "make_tokenizer": ".tokenizer",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".build": ("ACCURACY_BAR", "ToyBuildError", "ToyConfig", "ToyWorld", "build_toy_world", "ensure_toy_world"),
+    ".data": ("RULES", "TASKS", "apply_rules", "make_eval_set", "write_task_files"),
+    ".tokenizer": ("make_tokenizer",),
+})

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import toy as world_package
+from ..commands import add_tasks_command
+
 
 def _build(args: argparse.Namespace) -> int:
     from .build import ToyConfig, ensure_toy_world
@@ -29,14 +32,6 @@ def _print_world(world) -> None:
     print(f"build time {world.build_seconds:.1f} s   checksum {world.checksums['world'][:16]}")
 
 
-def _tasks(args: argparse.Namespace) -> int:
-    from .data import write_task_files
-
-    for path in write_task_files(Path(args.dir)):
-        print(path)
-    return 0
-
-
 def add_commands(sub) -> None:
     """Add `toy build` and `toy tasks` to the `logitcomp` subcommands."""
     toy = sub.add_parser("toy", help="the embedded letter-substitution world").add_subparsers(dest="toy_command", required=True)
@@ -48,6 +43,4 @@ def add_commands(sub) -> None:
     build.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
     build.add_argument("--if-missing", action="store_true", help="reuse DIR when it already holds this world")
     build.set_defaults(func=_build)
-    tasks = toy.add_parser("tasks", help="write the toy lm-eval tasks (jsonl + YAML) into DIR")
-    tasks.add_argument("dir", metavar="DIR")
-    tasks.set_defaults(func=_tasks)
+    add_tasks_command(toy, "write the toy lm-eval tasks (jsonl + YAML) into DIR", world_package)
