@@ -8,10 +8,15 @@ from dataclasses import asdict, dataclass, field
 
 DEFAULT_FLOOR = -1e4  # the paper's code clamps base log-probs here
 EOS_POLICIES = ("compose", "base", "any", "all")
+# Bounds that keep the composition finite in fp32: each term w_i * (log p_i - log p_b) is at most
+# MAX_WEIGHT * |MIN_FLOOR| = 1e15 (fp32 holds 3.4e38); no useful composition comes near them.
+MAX_WEIGHT = 1e6
+MIN_FLOOR = -1e9
 
 
 def check_weights(weights: Sequence[float], names: Sequence[str] | None = None) -> list[float]:
-    """Return the weights as floats. Raises ValueError naming a weight that is not a finite number."""
+    """Return the weights as floats. Raises ValueError naming a weight that is not a finite number in
+    [-MAX_WEIGHT, MAX_WEIGHT] (larger ones would overflow the composition to NaN)."""
     out = []
     for i, w in enumerate(weights):
         label = repr(names[i]) if names is not None else f"#{i}"
@@ -19,6 +24,8 @@ def check_weights(weights: Sequence[float], names: Sequence[str] | None = None) 
             raise ValueError(f"weight of expert {label}: expected a finite number, got {w!r}")
         if not math.isfinite(w):
             raise ValueError(f"weight of expert {label}: expected a finite number, got {w!r}")
+        if abs(w) > MAX_WEIGHT:
+            raise ValueError(f"weight of expert {label}: expected a number in [-1e6, 1e6], got {w!r}")
         out.append(float(w))
     return out
 
@@ -49,8 +56,8 @@ class CompositionConfig:
         if not isinstance(self.weights, dict):
             raise ValueError(f"weights: expected a mapping of expert name to number, got {self.weights!r}")
         self.weights = dict(zip(self.weights, check_weights(list(self.weights.values()), list(self.weights))))
-        if isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not (math.isfinite(self.floor) and self.floor < 0):
-            raise ValueError(f"floor: expected a finite negative number, got {self.floor!r}")
+        if isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not (MIN_FLOOR <= self.floor < 0):
+            raise ValueError(f"floor: expected a negative number >= -1e9, got {self.floor!r}")
         if self.eos_policy not in EOS_POLICIES:
             raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {self.eos_policy!r}")
         if not isinstance(self.masks, dict):

@@ -7,10 +7,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import check_weights
+
+
+# An expert's name becomes a folder name (saved compositions, recipe outputs): no separators, no leading dot
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+def check_name(name) -> str:
+    """Return `name` when it is an identifier safe as a folder name. Raises ValueError otherwise."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"expert name {name!r}: expected letters, digits and _ . + - (not starting with '.', no '..')")
+    return name
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,7 @@ def check_expert(name: str, path, base: Path | None, weight: float = 1.0, allow_
     Args:
         label: how messages name the expert (a recipe says `experts.NAME`); default `expert 'NAME'`.
     """
+    check_name(name)
     path = Path(path).expanduser().resolve()
     label = label or f"expert {name!r}"
     if not path.exists():

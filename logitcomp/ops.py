@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .config import DEFAULT_FLOOR, EOS_POLICIES, check_weights  # noqa: F401  (EOS_POLICIES: re-exported)
+from .config import DEFAULT_FLOOR, EOS_POLICIES, MIN_FLOOR, check_weights  # noqa: F401  (EOS_POLICIES: re-exported)
 
 def compose_logprobs(
     base: torch.Tensor,
@@ -27,8 +27,8 @@ def compose_logprobs(
     Args:
         base: base log-probs (or logits; they are normalised first), shape (..., V), any float dtype.
         experts: one tensor per expert, each shaped like `base`.
-        weights: one finite float per expert (negative = anti-expert); default 1.0 each.
-        floor: base and expert log-probs are clamped at `floor` (< 0) so that −inf − (−inf) never
+        weights: one float per expert in [-1e6, 1e6] (negative = anti-expert); default 1.0 each.
+        floor: base and expert log-probs are clamped at `floor` (in [-1e9, 0)) so that −inf − (−inf) never
             occurs and an anti-expert's −w·(−inf) cannot become +inf; NaN counts as −inf.
         masks: optional per-expert bool tensors (V,): the expert's log-ratio applies only where True.
 
@@ -36,15 +36,15 @@ def compose_logprobs(
         fp32 log-probs of shape (..., V), finite, with logsumexp 0 over the last dim.
 
     Raises:
-        ValueError: on a shape mismatch, a non-finite weight or a non-negative floor.
+        ValueError: on a shape mismatch, a weight outside [-1e6, 1e6] or not finite, a floor outside [-1e9, 0).
     """
     weights = check_weights([1.0] * len(experts) if weights is None else list(weights))
     if len(weights) != len(experts):
         raise ValueError(f"weights: expected {len(experts)} (one per expert), got {len(weights)}")
     if masks is not None and len(masks) != len(experts):
         raise ValueError(f"masks: expected {len(experts)} (one per expert or None), got {len(masks)}")
-    if not floor < 0:
-        raise ValueError(f"floor: expected a negative number, got {floor!r}")
+    if not MIN_FLOOR <= floor < 0:
+        raise ValueError(f"floor: expected a negative number >= -1e9, got {floor!r}")
     lb = clamped_logprobs(base, floor)  # (..., V)
     total = lb.clone()
     for i, (expert, w) in enumerate(zip(experts, weights)):

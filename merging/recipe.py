@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from logitcomp.config import CompositionConfig
+from logitcomp.inputs import check_name
 
 VARIANTS = ("base", "experts", "composed", "merged", "merged_lora")
 
@@ -109,6 +110,13 @@ class Recipe(_Strict):
     def _cross_fields(self):
         if not self.experts:
             raise ValueError("experts: expected at least one expert")
+        for name in self.experts:  # names become file names under output/ and rows of the table
+            try:
+                check_name(name)
+            except ValueError as exc:
+                raise ValueError(f"experts: {exc}") from None
+            if name in VARIANTS:
+                raise ValueError(f"experts: expert name {name!r} is a variant name; the variants are {', '.join(VARIANTS)}")
         if "merged_lora" in self.variants and not self.merge.lora:
             raise ValueError("variants: merged_lora needs merge.lora: true")
         for name in self.compose["masks"]:

@@ -15,7 +15,6 @@ import json
 import logging
 import time
 from importlib.metadata import version
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -82,6 +81,14 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
             raise RecipeError(f"evaluate.confirm_run_unsafe_code: {exc}") from None
 
 
+def inside(output, *parts: str):
+    """`output/parts...`, refused (RecipeError) unless it lies strictly inside `output`."""
+    path = output.joinpath(*parts).resolve()
+    if path == output or not path.is_relative_to(output):
+        raise RecipeError(f"output: {'/'.join(parts)} would be written outside {output}")
+    return path
+
+
 def task_manager(paths: ResolvedPaths, tasks: list[str]):
     """lm-eval's TaskManager; when every task is in the recipe's include_path, only that folder is
     indexed (indexing lm-eval's thousands of built-in task files takes seconds)."""
@@ -106,7 +113,7 @@ def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> 
                               num_fewshot=ev.num_fewshot, gen_kwargs=dict(ev.gen_kwargs) or None, log_samples=True,
                               confirm_run_unsafe_code=ev.confirm_run_unsafe_code)
     samples = results.pop("samples")
-    with atomic_dir(paths.output / "lm_eval" / variant.name) as tmp:  # replaces an earlier run's outputs whole
+    with atomic_dir(inside(paths.output, "lm_eval", variant.name)) as tmp:  # replaces an earlier run's outputs whole
         tracker = EvaluationTracker(output_path=str(tmp))
         tracker.save_results_aggregated(results=results, samples=samples)
         for task in results["configs"]:
@@ -127,14 +134,14 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     if dry_run:
         echo(f"recipe {recipe.name}: {len(variants)} variants x {len(recipe.evaluate.tasks)} tasks -> {out}")
         for v in variants:
-            done = (out / "variants" / f"{v.name}.json").exists() and not force
+            done = inside(out, "variants", f"{v.name}.json").exists() and not force
             echo(f"  {v.name:<14} {v.kind:<12} {'done, skipped' if done else 'to run'}")
         return None
     paths.fetch()
     atomic_write_bytes(recorded, recipe.to_yaml().encode())
     results, timings = {}, {}
     for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant"):
-        done = out / "variants" / f"{v.name}.json"
+        done = inside(out, "variants", f"{v.name}.json")
         if done.exists() and not force:
             record = json.loads(done.read_text())
         else:

@@ -93,6 +93,21 @@ def test_nan_inputs_and_bad_weights():
         compose_logprobs(base, [e1[:, :5]])
 
 
+@pytest.mark.parametrize("floor", [-1e4, -1e9])
+def test_extreme_finite_weights_stay_finite_or_are_refused(floor):
+    """The largest allowed weights and floor still give finite log-probs; larger weights are refused by name."""
+    base, e1, e2 = _rand(3, 2, seed=11)
+    e1[0, :3] = float("-inf")  # log-ratios as large as the floor allows
+    out = compose_logprobs(base, [e1, e2], [1e6, -1e6], floor=floor)
+    assert torch.isfinite(out).all()
+    _lse_zero(out)
+    for bad in (3e38, -1e7):
+        with pytest.raises(ValueError, match=r"weight of expert #1: expected a number in \[-1e6, 1e6\]"):
+            compose_logprobs(base, [e1, e2], [1.0, bad])
+    with pytest.raises(ValueError, match=r"floor: expected a negative number >= -1e9"):
+        compose_logprobs(base, [e1], floor=-1e10)
+
+
 def test_inputs_are_not_mutated():
     base, e1 = _rand(2, seed=9), _rand(2, seed=10)
     b0, e0 = base.clone(), e1.clone()

@@ -97,7 +97,7 @@ def test_bad_input_through_the_cli(tiny, tmp_path):
         (dict(evaluate={"tasks": ["toy_a2b"], "include_path": str(TASKS), "confirm_run_unsafe_code": True}),
          r"evaluate\.confirm_run_unsafe_code: HF_ALLOW_CODE_EVAL: .*set HF_ALLOW_CODE_EVAL=1"),
         # compose: is checked by CompositionConfig itself, before any model is evaluated
-        (dict(compose={"floor": 5.0}), r"compose: floor: expected a finite negative number, got 5\.0"),
+        (dict(compose={"floor": 5.0}), r"compose: floor: expected a negative number >= -1e9, got 5\.0"),
         (dict(compose={"masks": {"a": [3, -1]}}), r"compose: masks\['a'\]: expected a list of non-negative token ids"),
         (dict(compose={"eos_policy": "first"}), r"compose: eos_policy: expected one of \['compose', 'base', 'any', 'all'\]"),
         (dict(compose={"weights": {"a": 2.0}}), r"compose: unknown key 'weights'; allowed keys: floor, eos_policy, masks"),
@@ -107,6 +107,25 @@ def test_bad_input_through_the_cli(tiny, tmp_path):
         command = "run" if i % 2 else "validate"  # both commands share the checks; alternate to keep the suite short
         _assert_clean_failure(cli(command, write_recipe(tmp_path, tiny, **changes)), pattern, tmp_path)
     _assert_clean_failure(cli("run", tmp_path / "absent.yaml"), r"absent\.yaml: no such recipe file", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["..", "../x", "/abs", "a/b", "", ".hidden", "base", "composed", "merged_lora", "experts"])
+def test_expert_names_are_identifiers_not_paths_or_variants(tiny, tmp_path, name):
+    """A name becomes lm_eval/<name> and variants/<name>.json: a path or a variant's name is refused at validate."""
+    recipe = write_recipe(tmp_path, tiny, experts={name: str(tiny.adapters["a"])})
+    pattern = r"is a variant name" if name in ("base", "composed", "merged_lora", "experts") else r"expert name .*: expected letters"
+    _assert_clean_failure(cli("validate", recipe), pattern, tmp_path)
+
+
+def test_runner_writes_only_inside_its_output(tmp_path):
+    from merging.recipe import RecipeError
+    from merging.runner import inside
+
+    out = tmp_path.resolve()
+    assert inside(out, "variants", "a.json") == out / "variants" / "a.json"
+    for parts in (("..", "x"), ("variants", "..", ".."), (".",), ("/etc",)):
+        with pytest.raises(RecipeError, match="would be written outside"):
+            inside(out, *parts)
 
 
 def test_adapter_of_another_base_and_pickles_are_refused(tiny, tmp_path):
