@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from .config import CompositionConfig
-from .inputs import resolve
-from .io import atomic_dir
+from .inputs import check_name, resolve
+from .io import atomic_dir, atomic_write_bytes
 from .loading import LoadOptions, attach_lora, check_same_vocabulary, load_model, save_adapter
 
 FORMAT = "logitcomp.composition/1"
@@ -43,25 +43,34 @@ def from_experts(cls, base_path, experts: dict, weights: dict | None, config: Co
 
 
 def save(composed, save_directory) -> Path:
-    """Write `composition.json` and the LoRA adapters (copied in) into a folder, atomically.
+    """Write `composition.json` and the LoRA adapters (copied into `experts/`) into a folder.
+
+    Like transformers and peft, it writes beside whatever the folder holds and deletes nothing it
+    did not write: only an earlier composition's `experts/` and `composition.json` are replaced
+    (the adapters first, atomically as one folder, then the JSON, atomically).
 
     Raises:
-        ValueError: the composition was not built from a local base folder.
+        ValueError: the composition was not built from a local base folder; an expert name that is
+            not a safe folder name; the folder holds an `experts/` that no composition wrote.
     """
     out = Path(save_directory).resolve()
     base = composed.sources.get("base") or composed._hf_model.config._name_or_path
     if not base or not Path(base).is_dir():
         raise ValueError(f"base: the composition does not know its base folder (got {base!r}); load it from a local folder")
-    with atomic_dir(out) as tmp:
-        experts = {}
+    for name in composed.experts:
+        check_name(name)
+    if (out / "experts").exists() and not (out / "composition.json").is_file():
+        raise ValueError(f"{out}: holds an experts/ folder that no composition wrote; choose another folder")
+    experts = {}
+    with atomic_dir(out / "experts") as tmp:
         for name in composed.experts:
             if name in composed.full_experts:
                 experts[name] = {"kind": "full", "path": str(Path(composed.sources["full"][name]).resolve())}
                 continue
-            save_adapter(composed.model, name, tmp / "experts" / name)
+            save_adapter(composed.model, name, tmp / name)
             experts[name] = {"kind": "lora", "path": f"experts/{name}"}
-        meta = {"format": FORMAT, "base": str(Path(base).resolve()), "experts": experts, "composition": composed.composition.to_dict()}
-        (tmp / "composition.json").write_text(json.dumps(meta, indent=2) + "\n")
+    meta = {"format": FORMAT, "base": str(Path(base).resolve()), "experts": experts, "composition": composed.composition.to_dict()}
+    atomic_write_bytes(out / "composition.json", (json.dumps(meta, indent=2) + "\n").encode())
     return out
 
 

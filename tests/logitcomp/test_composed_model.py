@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -292,3 +293,28 @@ def test_unknown_keyword_arguments_are_refused_by_name(tiny, tmp_path):
     composed.save_pretrained(tmp_path / "c")
     with pytest.raises(TypeError, match=r"from_pretrained: unsupported argument 'revision'"):
         ComposedModelForCausalLM.from_pretrained(tmp_path / "c", revision="main")
+
+
+def test_save_writes_beside_existing_files_and_deletes_nothing_it_did_not_write(tiny, tok, tmp_path):
+    import shutil
+
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "full"]))
+    x = tok(PROMPTS[:1], return_tensors="pt").input_ids  # (1, T)
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    composed.save_pretrained(target)
+    composed.save_pretrained(target)  # again: replaces only its own files
+    assert sorted(p.name for p in target.iterdir()) == ["composition.json", "experts", "keep.txt"]
+    assert (target / "keep.txt").read_text() == "mine"
+    assert torch.equal(ComposedModelForCausalLM.from_pretrained(target)(x).logits, composed(x).logits)
+    base_copy = Path(shutil.copytree(tiny.base, tmp_path / "base_copy"))  # saving into a model folder keeps the model
+    before = {p.name: p.read_bytes() for p in base_copy.iterdir()}
+    composed.save_pretrained(base_copy)
+    assert all((base_copy / name).read_bytes() == data for name, data in before.items())
+    world = tmp_path / "world"  # an experts/ folder no composition wrote (a toy world) is refused, untouched
+    (world / "experts" / "a2b").mkdir(parents=True)
+    (world / "experts" / "a2b" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds an experts/ folder that no composition wrote"):
+        composed.save_pretrained(world)
+    assert sorted(str(p.relative_to(world)) for p in world.rglob("*")) == ["experts", "experts/a2b", "experts/a2b/adapter_config.json"]
