@@ -69,7 +69,8 @@ def collect_lora_layers(model: torch.nn.Module, adapters: list[str]) -> list[tup
             continue
         groups = {}
         for group, adapter in enumerate(adapters, start=1):
-            if adapter in module.lora_A:
+            # peft keeps embedding LoRA in lora_embedding_A: checked (and refused) like any other layer
+            if adapter in module.lora_A or adapter in getattr(module, "lora_embedding_A", {}):
                 _check(module, adapter, f"expert {adapter!r}, module {module_name}")
                 groups[group] = adapter
         layers.append((module, _stack(module, groups) if groups else None))

@@ -103,6 +103,11 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         missing = [e for e in lora if e not in held]
         if missing:
             raise ValueError(f"expert {missing[0]!r}: the peft model holds no such adapter; it holds {sorted(held)}")
+        for name in lora:  # whole trained copies of modules run for every row of a batch, not per row block
+            for option in ("modules_to_save", "trainable_token_indices"):
+                if getattr(model.peft_config[name], option, None):
+                    raise ValueError(f"expert {name!r}: {option}={getattr(model.peft_config[name], option)!r} cannot be composed "
+                                     "row by row; merge this expert (bridge.task_arithmetic) or train it without that option")
         self.model = model
         self.full_experts = torch.nn.ModuleDict(full_experts)
         self.experts = list(experts)

@@ -23,22 +23,32 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .output import check_output
     from .recipe import load_recipe
     from .runner import check_inputs
     from .variants import plan
 
     recipe, paths = load_recipe(args.recipe)
     check_inputs(recipe, paths)
+    check_output(paths)
     print(f"{args.recipe}: valid ({len(plan(recipe))} variants, tasks {', '.join(recipe.evaluate.tasks)})")
     return 0
 
 
 def _merge(args: argparse.Namespace) -> int:
+    from logitcomp.io import atomic_write_bytes
+
     from .generation import load_recipe_models
+    from .output import check_output, check_recorded_recipe, output_lock
     from .variants import build_merges
 
     recipe, paths = load_recipe_models(args.recipe)
-    for kind, path in build_merges(recipe, paths).items():
+    check_recorded_recipe(paths.output, recipe.to_yaml())
+    check_output(paths)
+    with output_lock(paths.output):
+        built = build_merges(recipe, paths)
+        atomic_write_bytes(paths.output / "recipe.yaml", recipe.to_yaml().encode())  # outputs carry their recipe
+    for kind, path in built.items():
         size = sum(p.stat().st_size for p in path.glob("*.safetensors")) / 2**20
         print(f"{kind:<12} {path}  ({size:.2f} MiB of safetensors)")
     return 0

@@ -151,6 +151,7 @@ class ResolvedPaths:
     """
 
     def __init__(self, recipe: Recipe, root: Path):
+        self.root = Path(root).resolve()
         at = lambda p: p if p.startswith(HUB) else (root / p).resolve()  # noqa: E731
         self.base = at(recipe.base)
         self.experts = {n: at(e.path) for n, e in recipe.experts.items()}

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from logitcomp.inputs import check_base, check_expert
 from logitcomp.io import atomic_dir, atomic_write_bytes
 
+from .output import check_output, check_recorded_recipe, output_lock
 from .recipe import Recipe, RecipeError, ResolvedPaths, load_recipe
 from .report import markdown_table, write_reports
 from .variants import Variant, lm_eval_model, plan
@@ -126,10 +127,9 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     """Evaluate every variant of a recipe and write the reports. Returns the results (None on a dry run)."""
     recipe, paths = load_recipe(recipe_path)
     out = paths.output
-    recorded = out / "recipe.yaml"
-    if recorded.exists() and recorded.read_text() != recipe.to_yaml() and not force:
-        raise RecipeError(f"output: {out} holds results of a different recipe; choose another output or pass --force")
+    check_recorded_recipe(out, recipe.to_yaml(), force)
     check_inputs(recipe, paths)
+    check_output(paths)
     variants = plan(recipe)
     if dry_run:
         echo(f"recipe {recipe.name}: {len(variants)} variants x {len(recipe.evaluate.tasks)} tasks -> {out}")
@@ -138,7 +138,13 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
             echo(f"  {v.name:<14} {v.kind:<12} {'done, skipped' if done else 'to run'}")
         return None
     paths.fetch()
-    atomic_write_bytes(recorded, recipe.to_yaml().encode())
+    with output_lock(out):
+        return _run(recipe, paths, variants, force, echo)
+
+
+def _run(recipe: Recipe, paths: ResolvedPaths, variants: list[Variant], force: bool, echo) -> dict:
+    out = paths.output
+    atomic_write_bytes(out / "recipe.yaml", recipe.to_yaml().encode())
     results, timings = {}, {}
     for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant"):
         done = inside(out, "variants", f"{v.name}.json")

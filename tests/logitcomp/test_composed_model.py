@@ -318,3 +318,13 @@ def test_save_writes_beside_existing_files_and_deletes_nothing_it_did_not_write(
     with pytest.raises(ValueError, match=r"holds an experts/ folder that no composition wrote"):
         composed.save_pretrained(world)
     assert sorted(str(p.relative_to(world)) for p in world.rglob("*")) == ["experts", "experts/a2b", "experts/a2b/adapter_config.json"]
+
+
+@pytest.mark.parametrize(("lora", "message"), [
+    (dict(target_modules=["q_proj"], modules_to_save=["lm_head"]), r"expert 'm': modules_to_save=.*lm_head.* cannot be composed row by row"),
+    (dict(target_modules=["q_proj", "embed_tokens"]), r"expert 'm', module .*embed_tokens: only LoRA on Linear layers can be composed"),
+])
+def test_adapter_features_that_cannot_be_composed_exactly_are_refused(tiny, tmp_path, lora, message):
+    adapter = make_tiny_lora(tiny.base, tmp_path / "m", seed=5, r=2, lora_alpha=4, **lora)
+    with pytest.raises(ValueError, match=message):
+        ComposedModelForCausalLM.from_experts(tiny.base, {"m": adapter})

@@ -117,6 +117,34 @@ def test_expert_names_are_identifiers_not_paths_or_variants(tiny, tmp_path, name
     _assert_clean_failure(cli("validate", recipe), pattern, tmp_path)
 
 
+def test_output_must_not_mix_with_the_users_files(tiny, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    cases = {"/": "a system root", ".": "the recipe's folder", "..": "the recipe's folder", str(tiny.base): "a model folder",
+             str(tiny.base.parent): "a model folder", str(foreign): "a non-empty folder that no recipe run wrote"}
+    for i, (output, reason) in enumerate(cases.items()):
+        proc = cli("validate" if i % 2 else "run", write_recipe(tmp_path, tiny, output=output))
+        _assert_clean_failure(proc, rf"output: .* is {reason}.*; choose an empty or new folder", tmp_path)
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_a_second_run_of_one_output_is_refused_and_leftovers_are_swept(tmp_path):
+    from merging.output import LOCK, output_lock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text(str(os.getpid()))  # a live run holds it
+    with pytest.raises(RecipeError, match=r"being written by another run \(pid \d+\)"):
+        with output_lock(out):
+            pass
+    (out / LOCK).write_text("999999999")  # the lock of a killed run
+    (out / "lm_eval" / ".a2b.partial-x1y2").mkdir(parents=True)
+    with output_lock(out):
+        assert (out / LOCK).read_text() == str(os.getpid()) and not list(out.rglob(".*.partial-*"))
+    assert not (out / LOCK).exists() and (out / "lm_eval").is_dir()
+
+
 def test_runner_writes_only_inside_its_output(tmp_path):
     from merging.recipe import RecipeError
     from merging.runner import inside
