@@ -46,6 +46,10 @@ def mergekit_config(base, experts: dict, weights: dict | None = None, method: st
     Methods whose mergekit contract ignores the base (`linear`, `karcher`, `passthrough`) merge
     the experts alone; the others get `base_model`.
 
+    Run it with `mergekit-yaml config.yml OUT --lora-merge-cache CACHE_DIR`: mergekit 0.1.5 refuses
+    `base+adapter` references without a LoRA merge cache ("Need to specify cache dir to merge
+    adapters"). The weights equal `task_arithmetic`'s (tested through the real CLI).
+
     Raises:
         ValueError: an unknown method (the valid names are listed), a bad path or weight.
     """

@@ -56,8 +56,9 @@ class CompositionTrace:
 
 @dataclass
 class ComposedCausalLMOutput(ModelOutput):
-    """`logits` are the composed, normalised log-probs (B, T, V)."""
+    """`logits` are the composed, normalised log-probs (B, T, V); `loss` their mean NLL of `labels`."""
 
+    loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     cache: ComposedCache | None = None
     trace: CompositionTrace | None = None
@@ -120,6 +121,10 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self._masks = self._build_masks()
         self.eval()
 
+    def get_input_embeddings(self) -> torch.nn.Module:
+        """The base model's token embeddings (shared by every LoRA row)."""
+        return self._hf_model.get_input_embeddings()
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # generate must not make its own cache: forward makes a ComposedCache
@@ -145,6 +150,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         past_key_values: ComposedCache | None = None,
         logits_to_keep: int = 0,
+        labels: torch.LongTensor | None = None,
         output_trace: bool | None = None,
         return_dict: bool = True,
         output_attentions: bool | None = None,
@@ -160,6 +166,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             position_ids: (B, T); derived from `attention_mask` when omitted.
             use_cache: return a cache to continue from (default: the base config's `use_cache`).
             output_trace: also return a `CompositionTrace` (default: the composition's `trace`).
+            labels: (B, T) token ids (-100: ignored); `loss` is the composed mean NLL, shifted as in transformers.
         """
         _refuse_unknown("forward", {k: v for k, v in kwargs.items() if k not in GENERATE_ONLY})
         for name, wanted in (("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states)):
@@ -197,7 +204,13 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 use_cache=use_cache,
                 logits_to_keep=logits_to_keep,
             ).logits  # (B, T', V)
-        return self._compose(grouped[0], [by_name[e] for e in self.experts], cache if use_cache else None, output_trace)
+        out = self._compose(grouped[0], [by_name[e] for e in self.experts], cache if use_cache else None, output_trace)
+        if labels is not None:  # as transformers' causal LMs: position t scores labels[t + 1], -100 ignored
+            if logits_to_keep:
+                raise ValueError("labels: a loss needs every position's logits; pass logits_to_keep=0")
+            logp = out.logits[:, :-1]  # (B, T-1, V), already normalised
+            out["loss"] = torch.nn.functional.nll_loss(logp.flatten(0, 1), labels[:, 1:].flatten().to(logp.device), ignore_index=-100)
+        return out
 
     def _compose(self, base, experts, cache, output_trace) -> ComposedCausalLMOutput:
         c = self.composition
@@ -242,14 +255,16 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_pretrained(cls, directory, *, dtype=None, device=None, allow_pickle: bool = False,
-                        trust_remote_code: bool = False, **kwargs) -> ComposedModelForCausalLM:
-        """Restore a composition written by `save_pretrained`."""
+                        trust_remote_code: bool = False, torch_dtype=None, **kwargs) -> ComposedModelForCausalLM:
+        """Restore a composition written by `save_pretrained` (`torch_dtype` is transformers' older name of `dtype`)."""
         _refuse_unknown("from_pretrained", kwargs)
+        dtype = _dtype(dtype, torch_dtype)
         return persistence.load(cls, directory, LoadOptions(dtype, device, allow_pickle, trust_remote_code))
 
     @classmethod
     def from_experts(cls, base_path, experts: dict, weights: dict | None = None, *, config: CompositionConfig | None = None,
-                     dtype=None, device=None, allow_pickle: bool = False, trust_remote_code: bool = False) -> ComposedModelForCausalLM:
+                     dtype=None, device=None, allow_pickle: bool = False, trust_remote_code: bool = False,
+                     torch_dtype=None) -> ComposedModelForCausalLM:
         """Load a base folder and expert folders (LoRA adapters or full models) and compose them.
 
         Args:
@@ -259,8 +274,14 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             config: every other composition option.
             allow_pickle / trust_remote_code: opt-ins for `.bin` weights and custom model code.
         """
-        options = LoadOptions(dtype, device, allow_pickle, trust_remote_code)
+        options = LoadOptions(_dtype(dtype, torch_dtype), device, allow_pickle, trust_remote_code)
         return persistence.from_experts(cls, base_path, experts, weights, config, options)
+
+
+def _dtype(dtype, torch_dtype):
+    if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+        raise ValueError(f"dtype: got dtype={dtype} and torch_dtype={torch_dtype}; pass one")
+    return dtype if dtype is not None else torch_dtype
 
 
 def _refuse_unknown(method: str, kwargs: dict) -> None:

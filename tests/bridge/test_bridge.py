@@ -244,3 +244,22 @@ def test_compare_counts_only_the_scored_positions(tiny, merged):
     result = bridge.compare(composed, AutoModelForCausalLM.from_pretrained(merged["ta"]), ids, score=score)
     assert result.summary()["tokens"] == 3
     assert result.summary()["kl_composed_merged_max"] == result.kl_composed_merged[0, 4:].max().item()
+
+
+def test_mergekit_config_runs_in_the_real_mergekit_yaml(tiny, merged, tmp_path):
+    """The documented command, `mergekit-yaml config.yml OUT --lora-merge-cache DIR`, gives task_arithmetic's weights."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(bridge.mergekit_config(tiny.base, tiny.adapters, WEIGHTS)))
+    cli = Path(sys.executable).parent / "mergekit-yaml"
+    proc = subprocess.run([str(cli), str(config), str(tmp_path / "out"), "--lora-merge-cache", str(tmp_path / "cache"),
+                           "--no-write-model-card"], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = load_file(merged["ta"] / "model.safetensors")
+    got = {}
+    for part in (tmp_path / "out").glob("*.safetensors"):
+        got.update(load_file(part))
+    assert _max_diff(got, {k: v.double() for k, v in want.items()}) <= 1e-6

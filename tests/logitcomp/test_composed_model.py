@@ -328,3 +328,18 @@ def test_adapter_features_that_cannot_be_composed_exactly_are_refused(tiny, tmp_
     adapter = make_tiny_lora(tiny.base, tmp_path / "m", seed=5, r=2, lora_alpha=4, **lora)
     with pytest.raises(ValueError, match=message):
         ComposedModelForCausalLM.from_experts(tiny.base, {"m": adapter})
+
+
+def test_transformers_keywords_labels_embeddings_and_torch_dtype(tiny, refs, tok):
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "b"]))
+    ids = tok(PROMPTS[:1]).input_ids[0]
+    x = torch.tensor([ids])  # (1, T)
+    labels = x.clone()
+    labels[0, 1] = -100  # ignored, as in transformers
+    ref = _reference(refs, ids, ["a", "b"], [1.0, 1.0])  # (T, V) float64
+    kept = [t for t in range(1, len(ids)) if t != 1]
+    want = -torch.stack([ref[t - 1, ids[t]] for t in kept]).mean()
+    assert abs(composed(x, labels=labels).loss.item() - want.item()) <= 1e-5
+    assert composed.get_input_embeddings() is composed._hf_model.get_input_embeddings()
+    half = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a"]), torch_dtype=torch.bfloat16)
+    assert half._hf_model.dtype == torch.bfloat16
