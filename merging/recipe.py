@@ -119,10 +119,11 @@ class Recipe(_Strict):
                 raise ValueError(f"experts: expert name {name!r} is a variant name; the variants are {', '.join(VARIANTS)}")
         if "merged_lora" in self.variants and not self.merge.lora:
             raise ValueError("variants: merged_lora needs merge.lora: true")
-        for name in self.compose["masks"]:
-            if name not in self.experts:
-                raise ValueError(f"compose.masks: unknown expert {name!r}; the experts are {list(self.experts)}")
-        self.composition()  # the runtime's checks of the weights
+        config = self.composition()  # the runtime's checks of the weights
+        try:  # ... and of the masks' expert names (the weights name exactly the experts)
+            config.check_experts(list(self.experts))
+        except ValueError as exc:
+            raise ValueError(f"compose.{exc}") from None
         return self
 
     def composition(self) -> CompositionConfig:
