@@ -7,8 +7,10 @@ expert m] of B rows each; the base layer runs once on all (1 + m)·B rows and th
 s_i · (x A_iᵀ) B_iᵀ are added on their own blocks by one pair of `torch.bmm` per layer.
 
 peft stays the loader and the exactness reference. The A/B matrices are stacked (zero-padded to
-the largest rank, scale folded into B) once, when a composition is built: a snapshot of the
-adapters, a few percent of the base's size. Routing is active only inside `with grouped_lora(...)`.
+the largest rank, scale folded into B) when a composition is built, a few percent of the base's
+size, and restacked (`LoraStack.layers`) whenever the adapters' weights are no longer those stacked:
+after `model.to(dtype/device)`, an in-place edit, a reloaded adapter or a changed scale. Routing is
+active only inside `with grouped_lora(...)`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def _check(module, adapter: str, where: str) -> None:
         raise ValueError(f"{where}: DoRA and other LoRA variants are not supported")
     if module.lora_B[adapter].bias is not None:
         raise ValueError(f"{where}: LoRA bias (lora_bias=True) is not supported")
+    if not all(torch.isfinite(m[adapter].weight).all() for m in (module.lora_A, module.lora_B)):
+        raise ValueError(f"{where}: the LoRA weights hold NaN or inf")
 
 
 @torch.no_grad()
@@ -75,6 +79,42 @@ def collect_lora_layers(model: torch.nn.Module, adapters: list[str]) -> list[tup
                 groups[group] = adapter
         layers.append((module, _stack(module, groups) if groups else None))
     return layers
+
+
+class LoraStack:
+    """The stacked updates of `adapters` in a peft model, kept in step with the live adapter weights.
+
+    A stack is a copy; `layers()` compares each adapter weight's storage, version counter, dtype
+    and device and the scales with those it was stacked from (a few hundred attribute reads per
+    call) and restacks on any change. Edits through `.data` bypass the version counter and are not seen.
+    """
+
+    def __init__(self, model, adapters: list[str]):
+        self.model, self.adapters = model, list(adapters)
+        self._stack()
+
+    def _stack(self) -> None:
+        self._layers = collect_lora_layers(self.model, self.adapters)
+        self._held = [[a for a in self.adapters if a in layer.lora_A] for layer, _ in self._layers]  # per layer
+        self._state = self._current_state()
+
+    def _current_state(self) -> tuple:
+        state = []
+        for (layer, _), names in zip(self._layers, self._held):
+            state.append(tuple(layer.merged_adapters))
+            for name in names:
+                if name not in layer.lora_A:
+                    raise ValueError(f"expert {name!r}: the adapter was removed from the peft model after composing")
+                state.append(layer.scaling[name])
+                for w in (layer.lora_A[name].weight, layer.lora_B[name].weight):
+                    state.append((w.data_ptr(), w._version, w.dtype, w.device))
+        return tuple(state)
+
+    def layers(self) -> list[tuple[LoraLayer, StackedUpdates | None]]:
+        """The stacked updates of the adapters as they are now (restacked when they changed)."""
+        if self._current_state() != self._state:
+            self._stack()
+        return self._layers
 
 
 def _add_updates(layer, args, output, *, updates: StackedUpdates, groups: int):

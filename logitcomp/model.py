@@ -20,7 +20,7 @@ from transformers.utils import ModelOutput
 
 from . import persistence
 from .config import CompositionConfig
-from .grouped_lora import collect_lora_layers, grouped_lora
+from .grouped_lora import LoraStack, grouped_lora
 from .loading import LoadOptions
 from .ops import apply_eos_policy, compose_logprobs, entropy, kl_divergence
 
@@ -114,10 +114,13 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.experts = list(experts)
         self.lora_experts = lora
         self.composition = composition
-        self.sources = sources or {}
+        self.sources = dict(sources or {})
+        if "base" not in self.sources and Path(hf_model.config._name_or_path or "").is_dir():
+            # a base loaded by a relative path: resolved now, against the folder it was loaded from
+            self.sources["base"] = str(Path(hf_model.config._name_or_path).resolve())
         self.generation_config = copy.deepcopy(hf_model.generation_config)
         self._hf_model = hf_model
-        self._lora_layers = collect_lora_layers(model, lora) if isinstance(model, PeftModel) else []
+        self._lora = LoraStack(model, lora) if isinstance(model, PeftModel) else None
         self._masks = self._build_masks()
         self.eval()
 
@@ -184,7 +187,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             position_ids = _positions(attention_mask, past, length, input_ids.device).expand(batch, -1)
         groups = 1 + len(self.lora_experts)
         rep = lambda t: None if t is None else t.repeat(groups, 1)  # noqa: E731  (B, ·) -> (G·B, ·)
-        with grouped_lora(self._lora_layers, groups):
+        with grouped_lora(self._lora.layers() if self._lora else [], groups):
             out = self._hf_model(
                 input_ids=rep(input_ids),
                 attention_mask=rep(attention_mask),

@@ -54,7 +54,7 @@ def save(composed, save_directory) -> Path:
             not a safe folder name; the folder holds an `experts/` that no composition wrote.
     """
     out = Path(save_directory).resolve()
-    base = composed.sources.get("base") or composed._hf_model.config._name_or_path
+    base = composed.sources.get("base")  # absolute, recorded when the composition was built
     if not base or not Path(base).is_dir():
         raise ValueError(f"base: the composition does not know its base folder (got {base!r}); load it from a local folder")
     for name in composed.experts:

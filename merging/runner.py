@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from importlib.metadata import version
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -90,6 +91,27 @@ def inside(output, *parts: str):
     return path
 
 
+def input_state(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
+    """What a variant's results were made from: per input folder its resolved path and every file's
+    size and mtime (hashing multi-GB weights at every run would not be cheap). A finished variant is
+    reused only while this is unchanged, so the same recipe text pointing elsewhere is run again."""
+    experts = {"base": [], "expert": [variant.name]}.get(variant.kind, list(recipe.experts))
+    folders = {"base": paths.base, **{f"experts.{n}": paths.experts[n] for n in experts}}
+    if paths.include_path:
+        folders["evaluate.include_path"] = paths.include_path
+    return {field: _folder_state(Path(folder)) for field, folder in folders.items()}
+
+
+def _folder_state(folder: Path) -> dict:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return {"path": str(folder), "files": {str(p.relative_to(folder)): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}}
+
+
+def _changed(old: dict, new: dict) -> str:
+    fields = sorted(f for f in old.keys() | new.keys() if old.get(f) != new.get(f))
+    return ", ".join(fields) if old else "its inputs (not recorded)"
+
+
 def task_manager(paths: ResolvedPaths, tasks: list[str]):
     """lm-eval's TaskManager; when every task is in the recipe's include_path, only that folder is
     indexed (indexing lm-eval's thousands of built-in task files takes seconds)."""
@@ -148,10 +170,13 @@ def _run(recipe: Recipe, paths: ResolvedPaths, variants: list[Variant], force: b
     results, timings = {}, {}
     for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant"):
         done = inside(out, "variants", f"{v.name}.json")
-        if done.exists() and not force:
-            record = json.loads(done.read_text())
-        else:
-            record = evaluate_variant(v, recipe, paths)
+        inputs = input_state(v, recipe, paths)
+        record = json.loads(done.read_text()) if done.exists() and not force else None
+        if record is not None and record.get("inputs") != inputs:
+            echo(f"variants/{v.name}.json: {_changed(record.get('inputs') or {}, inputs)} changed since it was made; running it again")
+            record = None
+        if record is None:
+            record = {**evaluate_variant(v, recipe, paths), "inputs": inputs}
             atomic_write_bytes(done, (json.dumps(record, indent=2) + "\n").encode())
         results[v.name], timings[v.name] = record["metrics"], record["seconds"]
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}

@@ -44,9 +44,12 @@ def _base_model(recipe: Recipe, paths: ResolvedPaths):
     return load_model("base", paths.base, _options(recipe))
 
 
-def _with_adapter(recipe: Recipe, paths: ResolvedPaths, adapter: Path):
+def _with_adapter(recipe: Recipe, paths: ResolvedPaths, adapter: Path, label: str):
     from peft import PeftModel
 
+    from logitcomp.loading import check_finite_files
+
+    check_finite_files(label, adapter)
     return PeftModel.from_pretrained(_base_model(recipe, paths), adapter)
 
 
@@ -78,7 +81,7 @@ def _expert(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
 
     path = paths.experts[variant.name]
     if expert_kind(variant.name, path) == "lora":
-        return _with_adapter(recipe, paths, path)
+        return _with_adapter(recipe, paths, path, f"experts.{variant.name}")
     return load_model(f"experts.{variant.name}", path, _options(recipe))
 
 
@@ -89,7 +92,7 @@ def _merged(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
 
 
 def _merged_lora(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
-    return _with_adapter(recipe, paths, build_merges(recipe, paths, ("merged_lora",))["merged_lora"])
+    return _with_adapter(recipe, paths, build_merges(recipe, paths, ("merged_lora",))["merged_lora"], "merged_lora")
 
 
 # kind -> (variant, recipe, paths) -> the model lm-eval scores; `composed` is the one with its own lm-eval class

@@ -263,3 +263,59 @@ def test_mergekit_config_runs_in_the_real_mergekit_yaml(tiny, merged, tmp_path):
     for part in (tmp_path / "out").glob("*.safetensors"):
         got.update(load_file(part))
     assert _max_diff(got, {k: v.double() for k, v in want.items()}) <= 1e-6
+
+
+def _poisoned_copy(src: Path, dest: Path, value: float) -> Path:
+    """A copy of a model or adapter folder with `value` (NaN or inf) in one weight."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dest)
+    file = next(dest.glob("*.safetensors"))
+    tensors = load_file(file)
+    key = sorted(k for k in tensors if tensors[k].is_floating_point())[-1]
+    tensors[key].view(-1)[0] = value
+    save_file(tensors, file, metadata={"format": "pt"})
+    return dest
+
+
+def test_non_finite_weights_are_refused_at_load_and_in_merges(tiny, tmp_path):
+    """Issue 12.7: NaN/inf in an adapter composed into garbage and merged into NaN weights, exit 0."""
+    bad_adapter = _poisoned_copy(tiny.adapters["a"], tmp_path / "nan_adapter", float("nan"))
+    bad_base = _poisoned_copy(tiny.base, tmp_path / "inf_base", float("inf"))
+    good_b = make_tiny_lora(bad_base, tmp_path / "b_of_inf_base", seed=2)
+    experts = {"a": bad_adapter, "b": tiny.adapters["b"]}
+    with pytest.raises(ValueError, match=r"expert 'a': .*nan_adapter has NaN or inf in .*lora"):
+        ComposedModelForCausalLM.from_experts(tiny.base, experts)
+    with pytest.raises(ValueError, match=r"base: .*inf_base has NaN or inf in "):
+        ComposedModelForCausalLM.from_experts(bad_base, {"b": good_b})
+    with pytest.raises(ValueError, match=r"expert 'a': .*nan_adapter has NaN or inf"):
+        bridge.task_arithmetic(tiny.base, experts, tmp_path / "ta")
+    with pytest.raises(ValueError, match=r"expert 'a': .*nan_adapter has NaN or inf"):
+        bridge.merge_as_lora(tiny.base, experts, tmp_path / "lora")
+    with pytest.raises(ValueError, match=r"merged: .*/ta2 has NaN or inf in .* after merging"):
+        bridge.task_arithmetic(bad_base, {"b": good_b}, tmp_path / "ta2")
+    assert not (tmp_path / "ta").exists() and not (tmp_path / "lora").exists() and not (tmp_path / "ta2").exists()
+    assert not list(tmp_path.glob(".*partial*")), "temporary folders left behind"
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny.base), bad_adapter, adapter_name="a")
+    with pytest.raises(ValueError, match=r"expert 'a', module .*: the LoRA weights hold NaN or inf"):
+        ComposedModelForCausalLM(peft_model, ["a"])
+
+
+def test_lora_merge_cache_lives_beside_the_output_not_in_tmp(tiny, tmp_path, monkeypatch):
+    """Issue 12.4: a killed merge left /tmp/logitcomp-lora-cache-* behind forever; now the cache is a
+    `.partial-` sibling of the output (what the runner's lock sweeps), and removed after a merge."""
+    import tempfile
+
+    seen = []
+    real = tempfile.TemporaryDirectory
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("dir"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", spy)
+    out = bridge.task_arithmetic(tiny.base, tiny.adapters, tmp_path / "models" / "merged", WEIGHTS)
+    assert seen == [out.parent]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["merged"]

@@ -343,3 +343,40 @@ def test_transformers_keywords_labels_embeddings_and_torch_dtype(tiny, refs, tok
     assert composed.get_input_embeddings() is composed._hf_model.get_input_embeddings()
     half = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a"]), torch_dtype=torch.bfloat16)
     assert half._hf_model.dtype == torch.bfloat16
+
+
+def test_stacked_adapters_follow_edits_reloads_and_to(tiny, tok):
+    """Issue 12.8: the stacked LoRA factors were a snapshot; later adapter edits and `.to()` were ignored."""
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny.base), tiny.adapters["a"], adapter_name="a")
+    model.load_adapter(tiny.adapters["b"], adapter_name="b")
+    composed = compose(model, ["a", "b"])
+    x = torch.tensor([tok("ABCAB>CC").input_ids])
+
+    def reference(dtype=torch.float32):  # a fresh composition of the peft model as it is now
+        return compose(model, ["a", "b"])(x).logits.to(dtype)
+
+    with torch.no_grad():
+        before = composed(x).logits
+        layer = next(m for m in model.modules() if hasattr(m, "lora_B") and "a" in m.lora_B)
+        layer.lora_B["a"].weight.mul_(3.0)  # an in-place edit (bumps the version counter)
+        edited = composed(x).logits
+        assert (edited - before).abs().max() > 1e-3
+        assert (edited - reference()).abs().max() <= 1e-6
+        model.load_adapter(tiny.adapters["c"], adapter_name="b")  # another adapter's weights under the same name
+        assert (composed(x).logits - reference()).abs().max() <= 1e-6
+        composed.to(torch.float64)  # the stacks follow the model's dtype: exact to float64 precision
+        got = composed(x).logits.double()
+        assert (got - reference(torch.float64)).abs().max() <= 1e-12
+    model.delete_adapter("b")
+    with pytest.raises(ValueError, match="'b'"):
+        composed(x)
+
+
+def test_a_base_loaded_by_a_relative_path_is_saved_as_that_folder(tiny, tmp_path, monkeypatch):
+    """Issue 12.9: the base's relative path was resolved when saving, against another directory."""
+    monkeypatch.chdir(tiny.base.parent)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny.base.name), tiny.adapters["a"], adapter_name="a")
+    composed = compose(model, ["a"])
+    monkeypatch.chdir(tmp_path)
+    saved = composed.save_pretrained("saved")
+    assert json.loads((saved / "composition.json").read_text())["base"] == str(tiny.base.resolve())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -200,3 +201,39 @@ def test_gemma_recipe_validates_and_dry_runs_offline():
     assert proc.returncode == 0, proc.stderr
     for row in ("base", "math", "code", "composed", "merged"):
         assert row in proc.stdout
+
+
+def test_resume_reuses_a_variant_only_while_its_resolved_inputs_are_unchanged(tiny, tmp_path, monkeypatch):
+    """Issue 12.5: one recipe text in two folders, relative paths to different worlds, one output:
+    the second world reused the first world's results (the fingerprint was the text)."""
+    import shutil
+
+    import merging.runner as runner
+
+    calls = []
+    real = runner.evaluate_variant
+    monkeypatch.setattr(runner, "evaluate_variant", lambda v, *a: calls.append(v.name) or real(v, *a))
+    out = tmp_path / "shared_out"
+    recipes = []
+    for folder, seed in (("one", 0), ("two", 5)):
+        world = tmp_path / folder / "world"
+        make_tiny_llama(world / "base", seed=seed)
+        make_tiny_lora(world / "base", world / "a", seed=1)
+        text = {"name": "resume", "base": "world/base", "experts": {"a": "world/a"}, "variants": ["base", "experts"],
+                "evaluate": {"tasks": ["toy_a2b_c2d"], "include_path": str(TASKS), "limit": 2, "batch_size": 2}, "output": str(out)}
+        recipes.append(tmp_path / folder / "recipe.yaml")
+        recipes[-1].write_text(yaml.safe_dump(text, sort_keys=False))
+    lines = []
+    runner.run_recipe(recipes[0], echo=lines.append)
+    runner.run_recipe(recipes[0], echo=lines.append)  # unchanged: both variants reused
+    assert calls == ["base", "a"]
+    runner.run_recipe(recipes[1], echo=lines.append)  # same text, other world: both run again
+    assert calls == ["base", "a"] * 2
+    assert "variants/base.json: base changed since it was made; running it again" in lines
+    assert any(line.startswith("variants/a.json: base, experts.a changed since it was made") for line in lines)
+    recorded = json.loads((out / "variants" / "a.json").read_text())["inputs"]
+    assert recorded["base"]["path"] == str((tmp_path / "two" / "world" / "base").resolve())
+    retrained = make_tiny_lora(tmp_path / "two" / "world" / "base", tmp_path / "retrained", seed=9)
+    shutil.copy(retrained / "adapter_model.safetensors", tmp_path / "two" / "world" / "a")  # the expert retrained
+    runner.run_recipe(recipes[1], echo=lines.append)
+    assert calls == ["base", "a"] * 2 + ["a"]
