@@ -12,7 +12,12 @@ setup: $(STAMP)
 
 # torch is pinned first so that pip takes this machine's local CPU build; the project's
 # own range (torch>=2.13.0) is then already satisfied and pulls nothing more.
+# bubblewrap is the sandbox of model-written code (docs/SECURITY.md); without it code evaluation is refused.
 $(STAMP): pyproject.toml
+	@command -v bwrap >/dev/null || { echo "setup: installing bubblewrap (the sandbox for model-written code, docs/SECURITY.md)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  { $$SUDO apt-get install -y -qq bubblewrap || { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }; } >/dev/null 2>&1 \
+	  || echo "setup: could not install bubblewrap; code evaluation will be refused until it is installed"; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0

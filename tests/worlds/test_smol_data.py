@@ -1,4 +1,4 @@
-"""The SmolLM2 world's data and code sandbox (no model needed)."""
+"""The SmolLM2 world's data and tasks (no model needed); the sandbox: tests/worlds/test_sandbox.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from merging.worlds.smol.data import ANSWER_MARKER, code_tasks, math_problems, task_data
-from merging.worlds.sandbox import OPT_IN, CodeExecutionNotAllowed, Limits, passes_tests, run_program
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "smol"
 
@@ -32,36 +31,6 @@ def test_train_and_test_are_disjoint_and_answers_are_right():
             lhs, rhs = step.split(" = ")
             assert eval(lhs) == int(rhs), step
     assert not {d["name"] for d in code_tasks("train", 2000)} & {d["name"] for d in code_tasks("test", 64)}
-
-
-def test_sandbox_refuses_without_the_opt_in(monkeypatch, tmp_path):
-    monkeypatch.delenv(OPT_IN, raising=False)
-    marker = tmp_path / "ran"
-    with pytest.raises(CodeExecutionNotAllowed, match=OPT_IN):
-        run_program(f"open({str(marker)!r}, 'w').write('x')")
-    monkeypatch.setenv(OPT_IN, "0")
-    with pytest.raises(CodeExecutionNotAllowed):
-        passes_tests("def f():\n", "    return 1\n", ["assert f() == 1"])
-    assert not marker.exists()
-
-
-def test_reference_solutions_pass_and_wrong_ones_fail(monkeypatch):
-    monkeypatch.setenv(OPT_IN, "1")
-    for d in code_tasks("test", 64):
-        assert passes_tests(d["prompt"], d["solution"], d["tests"]), d["name"]
-    d = code_tasks("test", 1)[0]
-    assert not passes_tests(d["prompt"], "    return None\n", d["tests"])
-    assert not passes_tests(d["prompt"], "    return (\n", d["tests"])  # syntax error
-
-
-def test_sandbox_limits(monkeypatch, tmp_path):
-    monkeypatch.setenv(OPT_IN, "1")
-    ok, why = run_program("while True:\n    pass\n", Limits(seconds=1))
-    assert not ok and (why == "timed out after 1 s" or why in ("killed by SIGXCPU", "killed by SIGKILL")), why
-    ok, why = run_program("x = bytearray(2 * 1024**3)\n", Limits(memory_mib=256))
-    assert not ok and "MemoryError" in why
-    ok, _ = run_program("import os\nassert os.listdir('.') == ['program.py']\nassert 'HF_ALLOW_CODE_EVAL' not in os.environ\n")
-    assert ok  # an empty temporary folder and a minimal environment
 
 
 def test_lm_eval_reads_the_three_tasks():
