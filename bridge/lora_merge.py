@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from logitcomp.inputs import resolve
 from logitcomp.io import atomic_dir
-from logitcomp.loading import check_finite_files, save_adapter
+from logitcomp.loading import save_adapter
 
 
 MERGED = "merged"
@@ -47,7 +47,6 @@ def merge_as_lora(base, experts: dict, out_dir, weights: dict | None = None) -> 
         if e.kind != "lora":
             raise ValueError(f"expert {e.name!r}: {e.path} is a full model; merge_as_lora needs LoRA adapters (use task_arithmetic)")
         _check_exact(e.name, e.path)
-        check_finite_files(f"expert {e.name!r}", e.path)
     model = AutoModelForCausalLM.from_pretrained(base_path, use_safetensors=True)
     model = PeftModel.from_pretrained(model, resolved[0].path, adapter_name=resolved[0].name)
     for e in resolved[1:]:

@@ -17,7 +17,7 @@ import yaml
 
 from logitcomp.inputs import resolve
 from logitcomp.io import atomic_dir
-from logitcomp.loading import check_finite_files
+from logitcomp.weightfiles import check_finite
 
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,6 @@ def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, m
         merge_config = MergeConfiguration.model_validate(config)
     except Exception as exc:  # pydantic's message names the field
         raise ValueError(f"mergekit rejected the configuration: {str(exc).splitlines()[0]}") from exc
-    for name, path in experts.items():
-        if (Path(path) / "adapter_config.json").is_file():
-            check_finite_files(f"expert {name!r}", Path(path).expanduser().resolve())
     out = Path(out_dir).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     # the LoRA cache is a `.partial-` sibling of the output, like atomic_dir's own folder: a killed run's
@@ -110,7 +107,7 @@ def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, m
         run_merge(merge_config, str(tmp), options)
         LoaderCache().loaders.clear()
         try:  # NaN/inf in the base or a full expert shows up in the result (reading it back once is cheap)
-            check_finite_files("merged", tmp)
+            check_finite("merged", tmp)
         except ValueError as exc:
             raise ValueError(f"{exc.args[0].replace(str(tmp), str(out))} after merging; an input holds NaN or inf weights") from None
         (tmp / CONFIG_NAME).write_text(yaml.safe_dump(config, sort_keys=False))

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import weightfiles
 from .config import check_weights
 
 
@@ -48,7 +49,11 @@ def expert_kind(name: str, path: Path) -> str:
 
 
 def check_safetensors(label: str, path: Path, allow_pickle: bool) -> None:
-    if allow_pickle or list(path.glob("*.safetensors")):
+    """Refuse a folder without safetensors weights (unless `allow_pickle`) or with an unreadable one."""
+    if list(path.glob("*.safetensors")):
+        weightfiles.shapes(label, path)  # every header parsed: empty, truncated or foreign files are named
+        return
+    if allow_pickle:
         return
     pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
     what = f"only pickled weights ({', '.join(pickled)})" if pickled else "no .safetensors weights"
@@ -72,6 +77,51 @@ def _fingerprint(model_dir: Path, span: int = 1 << 20) -> tuple:
     return json.dumps(config, sort_keys=True), tuple(files)
 
 
+def read_json_object(label: str, file: Path) -> dict:
+    """A JSON file that must hold an object (config.json, adapter_config.json). Raises ValueError naming it."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{label}: {file} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{label}: {file} holds a JSON {type(data).__name__}; expected an object")
+    return data
+
+
+def vocab_size(label: str, model_dir: Path) -> int | None:
+    """The vocabulary size in a model's config.json (a multimodal model's text_config), if stated."""
+    config = read_json_object(label, Path(model_dir) / "config.json")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return text.get("vocab_size")
+
+
+def check_adapter_config(label: str, adapter_dir: Path) -> dict:
+    """adapter_config.json of a LoRA adapter: an object with peft_type LORA. Raises ValueError naming the file."""
+    file = adapter_dir / "adapter_config.json"
+    config = read_json_object(label, file)
+    if config.get("peft_type") != "LORA":
+        got = f"peft_type {config['peft_type']!r}" if "peft_type" in config else "no peft_type"
+        raise ValueError(f"{label}: {file} has {got}; expected a LoRA adapter (peft_type LORA)")
+    return config
+
+
+def check_adapter_fits(label: str, adapter_dir: Path, base_dir: Path) -> None:
+    """Refuse LoRA factors whose shapes do not fit the base weights they update (read from the headers).
+    A module whose weight the base files do not name as peft does (renamed checkpoints) is left to the load."""
+    base = weightfiles.shapes("base", base_dir)
+    adapter = weightfiles.shapes(label, adapter_dir)
+    for key, a_shape in adapter.items():
+        if not key.endswith(".lora_A.weight") or key.replace(".lora_A.", ".lora_B.") not in adapter:
+            continue
+        module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        b_shape, w_shape = adapter[key.replace(".lora_A.", ".lora_B.")], base.get(f"{module}.weight")
+        if w_shape is None or len(w_shape) != 2:
+            continue
+        if (b_shape[0], a_shape[1]) != w_shape or b_shape[1] != a_shape[0]:
+            raise ValueError(f"{label}: {adapter_dir} does not fit the base {base_dir}: {module} is {w_shape[0]}x{w_shape[1]}, "
+                             f"the adapter's B·A is {b_shape[0]}x{b_shape[1]} · {a_shape[0]}x{a_shape[1]}")
+
+
 def check_adapter_base(name: str, adapter_dir: Path, base_dir: Path) -> None:
     """Refuse an adapter whose recorded base is another local model than `base_dir`."""
     recorded = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
@@ -87,6 +137,7 @@ def check_base(base, allow_pickle: bool = False) -> Path:
     base = Path(base).expanduser().resolve()
     if not (base / "config.json").is_file():
         raise ValueError(f"base: {base} is not a model folder (no config.json)")
+    read_json_object("base", base / "config.json")
     check_safetensors("base", base, allow_pickle)
     return base
 
@@ -104,9 +155,17 @@ def check_expert(name: str, path, base: Path | None, weight: float = 1.0, allow_
     if not path.exists():
         raise ValueError(f"{label}: {path} does not exist")
     kind = expert_kind(name, path)
-    if kind == "lora" and base is not None:
-        check_adapter_base(name, path, base)
     check_safetensors(label, path, allow_pickle)
+    if kind == "lora":
+        check_adapter_config(label, path)
+        weightfiles.check_finite(label, path)  # adapters are small: NaN/inf is refused before any model loads
+        if base is not None:
+            check_adapter_base(name, path, base)
+            check_adapter_fits(label, path, base)
+    elif base is not None:
+        theirs, ours = vocab_size(label, path), vocab_size("base", base)
+        if theirs != ours:
+            raise ValueError(f"{label}: {path} has a vocabulary of {theirs} tokens, the base {ours}")
     return Expert(name, path, kind, weight)
 
 

@@ -45,30 +45,21 @@ def load_model(label: str, path: Path, options: LoadOptions):
         use_safetensors=None if options.allow_pickle else True,
         trust_remote_code=options.trust_remote_code,
     )
-    check_finite(label, path, model.named_parameters())
+    check_finite_parameters(label, path, model)
     return model.to(options.device) if options.device is not None else model
 
 
 @torch.no_grad()
-def check_finite(label: str, path: Path, named_tensors) -> None:
-    """Refuse weights holding NaN or ±inf: they compose or merge into garbage without any error."""
-    for name, tensor in named_tensors:
+def check_finite_parameters(label: str, path: Path, model) -> None:
+    """Refuse a loaded model holding NaN or ±inf: it composes or merges into garbage without any error.
+    (Adapter files are scanned before loading: `weightfiles.check_finite`.)"""
+    for name, tensor in model.named_parameters():
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise ValueError(f"{label}: {path} has NaN or inf in {name}")
 
 
-def check_finite_files(label: str, path: Path) -> None:
-    """`check_finite` on every tensor of the safetensors files in a folder (e.g. an adapter before a merge)."""
-    from safetensors import safe_open
-
-    for file in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(file, framework="pt") as f:
-            check_finite(label, path, ((key, f.get_tensor(key)) for key in f.keys()))
-
-
 def attach_lora(model, name: str, adapter_dir: Path, base_dir: Path, options: LoadOptions):
     """Load adapter `name` (checked by `inputs.resolve`) into `model` (a PeftModel after the first). Returns the PeftModel."""
-    check_finite_files(f"expert {name!r}", adapter_dir)
     try:
         if isinstance(model, PeftModel):
             model.load_adapter(adapter_dir, adapter_name=name, is_trainable=False)

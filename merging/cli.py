@@ -24,13 +24,17 @@ def _run(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from .output import check_output
-    from .recipe import load_recipe
-    from .runner import check_inputs
+    from .recipe import RecipeError, load_recipe
+    from .runner import check_device, check_inputs
     from .variants import plan
 
     recipe, paths = load_recipe(args.recipe)
     check_inputs(recipe, paths)
     check_output(paths)
+    try:
+        check_device(recipe.evaluate.device)
+    except RecipeError as exc:
+        log.warning("%s; `run` will refuse on this machine", exc)
     print(f"{args.recipe}: valid ({len(plan(recipe))} variants, tasks {', '.join(recipe.evaluate.tasks)})")
     return 0
 
@@ -57,6 +61,10 @@ def _merge(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from .generation import generate_from_recipe
 
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:  # argv bytes that are not UTF-8 arrive as lone surrogates
+        raise ValueError("--prompt: not UTF-8 text") from None
     out = generate_from_recipe(args.recipe, args.prompt, args.max_new_tokens, args.trace)
     print(out.text)
     if args.trace:
@@ -66,9 +74,22 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (`logitcomp: error: ...`, exit 2) instead of usage + error."""
+
+    def error(self, message: str):
+        self.exit(2, f"logitcomp: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `logitcomp` console script."""
-    parser = argparse.ArgumentParser(prog="logitcomp", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="logitcomp", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="compose the recipe's experts and generate from a prompt")
     gen.add_argument("--recipe", required=True, metavar="RECIPE.yaml")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=32)
     gen.add_argument("--trace", action="store_true", help="print each expert's activity KL(p_i || p_b) per token")
     gen.set_defaults(func=_generate)
     return parser
@@ -108,11 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # per-file "Loading weights" bars drown our own progress
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # outputs are written atomically: what was finished is kept, nothing is half-written
+        if args.debug:
+            raise
+        print("logitcomp: interrupted; finished outputs are kept and nothing is half-written", file=sys.stderr)
+        return 130
     except (ValueError, OSError, RuntimeError) as exc:
         if args.debug:
             raise
-        print(f"logitcomp: error: {exc}", file=sys.stderr)
+        print(f"logitcomp: error: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: the first line of its message (the type when it has none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -18,10 +18,11 @@ class Generation:
 
 def load_recipe_models(path, check_tasks: bool = False):
     """Load and check a recipe's models offline, then fetch hub references. Returns (recipe, paths)."""
-    from .runner import check_inputs
+    from .runner import check_device, check_inputs
 
     recipe, paths = load_recipe(path)
     check_inputs(recipe, paths, check_tasks=check_tasks)
+    check_device(recipe.evaluate.device)
     paths.fetch()
     return recipe, paths
 

@@ -15,6 +15,7 @@ plus every HFLM argument (batch_size, max_length, ...).
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -41,8 +42,23 @@ def parse_pairs(field: str, text: str) -> dict[str, str]:
     return pairs
 
 
-def _flag(value) -> bool:
-    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+def _flag(field: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() not in ("1", "true", "yes", "0", "false", "no"):
+        raise ValueError(f"{field}: expected true or false, got {value!r}")
+    return str(value).lower() in ("1", "true", "yes")
+
+
+def _number(field: str, value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: expected a number, got {value!r}") from None
+
+
+# HFLM's own arguments (lm-eval also passes batch_size, device, ...); anything else would vanish into its **kwargs
+HFLM_ARGS = frozenset(n for n, p in inspect.signature(HFLM.__init__).parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD) - {"self"}
 
 
 @register_model("logitcomp")
@@ -51,19 +67,24 @@ class LogitcompLM(HFLM):
 
     def __init__(self, pretrained=None, base=None, experts=None, weights=None, eos_policy=None, floor=None,
                  allow_pickle=False, trust_remote_code=False, dtype=None, device="cpu", **kwargs):
+        unknown = sorted(set(kwargs) - HFLM_ARGS)
+        if unknown:
+            raise ValueError(f"model_args: unknown argument {unknown[0]!r} for the logitcomp model; see logitcomp-lm-eval --help")
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             device = "cpu"  # lm-eval's CLI defaults to cuda:0; HFLM falls back to the CPU too
+        if dtype not in (None, "auto") and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(f"dtype: expected auto, float32, float16, bfloat16 or float64, got {dtype!r}")
         options = dict(dtype=None if dtype in (None, "auto") else dtype, device=device,
-                       allow_pickle=_flag(allow_pickle), trust_remote_code=_flag(trust_remote_code))
+                       allow_pickle=_flag("allow_pickle", allow_pickle), trust_remote_code=_flag("trust_remote_code", trust_remote_code))
         if isinstance(pretrained, ComposedModelForCausalLM):
             composed = pretrained
         elif pretrained is not None:
             composed = ComposedModelForCausalLM.from_pretrained(pretrained, **options)
         elif base is not None and experts is not None:
             config = CompositionConfig(
-                weights={k: float(v) for k, v in parse_pairs("weights", weights).items()} if weights else {},
+                weights={k: _number(f"weights.{k}", v) for k, v in parse_pairs("weights", weights).items()} if weights else {},
                 **({"eos_policy": eos_policy} if eos_policy else {}),
-                **({"floor": float(floor)} if floor is not None else {}),
+                **({"floor": _number("floor", floor)} if floor is not None else {}),
             )
             composed = ComposedModelForCausalLM.from_experts(base, parse_pairs("experts", experts), config=config, **options)
         else:
@@ -80,4 +101,14 @@ def lm_eval_main(argv: list[str] | None = None) -> None:
     if "--include_path" not in args and TASKS_DIR.is_dir():
         args += ["--include_path", str(TASKS_DIR)]
     sys.argv = ["lm_eval", *args]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except KeyboardInterrupt:
+        sys.exit("logitcomp-lm-eval: interrupted")
+    except (ValueError, OSError, RuntimeError, TypeError) as exc:  # lm-eval's CLI shows the traceback of any error
+        from .cli import one_line
+
+        if "--verbosity" in args and "DEBUG" in args:
+            raise
+        print(f"logitcomp-lm-eval: error: {one_line(exc)}", file=sys.stderr)
+        sys.exit(2)

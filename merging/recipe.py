@@ -7,12 +7,13 @@ tags are refused with one line that names the key and the allowed ones.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from logitcomp.config import CompositionConfig
 from logitcomp.inputs import check_name
@@ -37,6 +38,15 @@ class _Strict(BaseModel):
         return data
 
 
+def _not_a_number(value) -> str:
+    """The message for a value that should be a number; YAML 1.1 reads `1.0e38` (no sign after e) as text."""
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return f"expected a number, got {value!r}"
+    return f"expected a number, got the text {value!r} (YAML reads an exponent without a sign as text: write 1.0e+38)"
+
+
 class ExpertSpec(_Strict):
     path: str
     weight: float = 1.0
@@ -45,7 +55,7 @@ class ExpertSpec(_Strict):
     @classmethod
     def _number(cls, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"expected a number, got {value!r}")
+            raise ValueError(_not_a_number(value))
         return value
 
 
@@ -58,6 +68,8 @@ def _composition(compose: dict, weights: dict | None = None) -> CompositionConfi
     unknown = [k for k in compose if k not in COMPOSE_KEYS]
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(COMPOSE_KEYS)}")
+    if isinstance(compose.get("floor"), str):
+        raise ValueError(f"floor: {_not_a_number(compose['floor'])}")
     return CompositionConfig(**compose, weights=dict(weights or {}))
 
 
@@ -67,18 +79,39 @@ class MergeSpec(_Strict):
     lora: bool = True  # also build merge-as-LoRA (the merged_lora variant)
 
 
+DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
+DEVICE = re.compile(r"cpu|(cuda|xpu|npu|hpu)(:\d+)?|mps")
+
+
+def _unique(field: str, items: list) -> list:
+    if not items:
+        raise ValueError(f"expected at least one {field}")
+    repeated = [x for i, x in enumerate(items) if x in items[:i]]
+    if repeated:
+        raise ValueError(f"{field} {repeated[0]!r} is listed twice")
+    return items
+
+
 class EvaluateSpec(_Strict):
-    tasks: list[str]
+    tasks: Annotated[list[str], AfterValidator(lambda v: _unique("task", v))]
     include_path: str | None = None
-    limit: float | None = None
-    num_fewshot: int | None = None
-    batch_size: int = 16
+    # lm-eval's limit: a count of examples per task (>= 1) or a fraction of them (0 < limit < 1)
+    limit: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    num_fewshot: int | None = Field(default=None, ge=0)
+    batch_size: int = Field(default=16, ge=1)
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
     gen_kwargs: dict[str, Any] = Field(default_factory=dict)
     # lm-eval's own switch for tasks marked `unsafe_code` (they run model-written code); the
     # shipped smol_code task also needs HF_ALLOW_CODE_EVAL=1 for its sandbox.
     confirm_run_unsafe_code: bool = False
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not DEVICE.fullmatch(value):
+            raise ValueError(f"expected cpu, cuda, cuda:N, mps, xpu:N, npu:N or hpu:N, got {value!r}")
+        return value
 
 
 class Recipe(_Strict):
@@ -88,7 +121,7 @@ class Recipe(_Strict):
     compose: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     merge: MergeSpec = MergeSpec()
     evaluate: EvaluateSpec
-    variants: list[Literal[VARIANTS]] = list(VARIANTS)  # type: ignore[valid-type]
+    variants: Annotated[list[Literal[VARIANTS]], AfterValidator(lambda v: _unique("variant", v))] = list(VARIANTS)  # type: ignore[valid-type]
     output: str
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -175,8 +208,31 @@ class ResolvedPaths:
         self.experts = {n: get(f"experts.{n}", p) for n, p in self.experts.items()}
 
 
+MAX_BYTES = 1 << 20  # a recipe is a page of YAML; a larger file is a mistake or an attack
+MAX_NODES = 100_000  # YAML nodes after alias expansion (a 1 kB alias bomb expands to billions)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently)."""
+    """SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently) and
+    documents whose aliases expand to more than MAX_NODES nodes (PyYAML shares aliased nodes, but
+    validating and dumping the recipe walks every expanded copy)."""
+
+    def construct_document(self, node):
+        sizes: dict[int, int | None] = {}
+
+        def expanded(n) -> int:  # nodes of the tree with every alias copied out; memoised per node
+            if id(n) in sizes and sizes[id(n)] is None:
+                raise yaml.constructor.ConstructorError(None, None, "a recursive alias (a node inside itself)", n.start_mark)
+            if id(n) not in sizes:
+                sizes[id(n)] = None  # being measured
+                children = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else \
+                    n.value if isinstance(n, yaml.SequenceNode) else []
+                sizes[id(n)] = 1 + sum(expanded(c) for c in children)
+            return sizes[id(n)]
+
+        if expanded(node) > MAX_NODES:
+            raise yaml.constructor.ConstructorError(None, None, f"aliases expand to more than {MAX_NODES} YAML nodes", node.start_mark)
+        return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -195,13 +251,28 @@ def _one_line(exc: ValidationError) -> str:
     return f"{loc}: {msg}"
 
 
+def _read_text(path: Path) -> str:
+    """The recipe's text, at most MAX_BYTES of UTF-8. Raises RecipeError naming the file."""
+    if not path.is_file():
+        raise RecipeError(f"{path}: no such recipe file")
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise RecipeError(f"{path}: {size} bytes; a recipe may hold at most {MAX_BYTES} bytes")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+
+
 def load_recipe(path) -> tuple[Recipe, ResolvedPaths]:
     """Parse and validate a recipe file. Raises RecipeError with one line naming the file and field."""
     path = Path(path)
-    if not path.is_file():
-        raise RecipeError(f"{path}: no such recipe file")
+    text = _read_text(path)
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise RecipeError(f"{path}: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

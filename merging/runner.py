@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from logitcomp.inputs import check_base, check_expert
+from logitcomp.inputs import check_base, check_expert, vocab_size
 from logitcomp.io import atomic_dir, atomic_write_bytes
 
 from .output import check_output, check_recorded_recipe, output_lock
@@ -54,6 +54,7 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
     try:
         if base is not None:
             base = check_base(base, recipe.allow_pickle)
+            _check_masks(recipe, vocab_size("base", base))
         for name, path in paths.experts.items():
             if isinstance(path, str):
                 log.info("experts.%s: %s is a hub reference, not checked offline", name, path)
@@ -61,6 +62,8 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
                 check_expert(name, path, base, allow_pickle=recipe.allow_pickle, label=f"experts.{name}")
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
+    if paths.include_path and not paths.include_path.is_dir():
+        raise RecipeError(f"evaluate.include_path: {paths.include_path} is not a folder")
     if any(v in recipe.variants for v in ("merged", "merged_lora")):
         methods = bridge.merge_methods()
         if recipe.merge.method not in methods:
@@ -81,6 +84,27 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
             check_opt_in()  # fail now, not after the first variant's generations
         except PermissionError as exc:
             raise RecipeError(f"evaluate.confirm_run_unsafe_code: {exc}") from None
+
+
+def _check_masks(recipe: Recipe, vocab: int | None) -> None:
+    for name, ids in recipe.compose["masks"].items():
+        if vocab is not None and ids and max(ids) >= vocab:
+            raise RecipeError(f"compose.masks[{name!r}]: token id {max(ids)} is outside the base's vocabulary of {vocab}")
+
+
+def check_device(device: str) -> None:
+    """Refuse an accelerator torch cannot see here (imports torch only for a device other than the CPU).
+    Called where models load (`run`, `merge`, `generate`); `validate` only warns: a GPU recipe is valid anywhere."""
+    if device == "cpu":
+        return
+    import torch
+
+    kind, _, index = device.partition(":")
+    backend = getattr(torch, kind, None)
+    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
+    count = backend.device_count() if available and hasattr(backend, "device_count") else 1
+    if not available or (index and int(index) >= count):
+        raise RecipeError(f"evaluate.device: {device} is not available here (torch sees {count if available else 'no'} {kind} device(s))")
 
 
 def inside(output, *parts: str):
@@ -159,6 +183,7 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
             done = inside(out, "variants", f"{v.name}.json").exists() and not force
             echo(f"  {v.name:<14} {v.kind:<12} {'done, skipped' if done else 'to run'}")
         return None
+    check_device(recipe.evaluate.device)
     paths.fetch()
     with output_lock(out):
         return _run(recipe, paths, variants, force, echo)

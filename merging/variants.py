@@ -47,10 +47,13 @@ def _base_model(recipe: Recipe, paths: ResolvedPaths):
 def _with_adapter(recipe: Recipe, paths: ResolvedPaths, adapter: Path, label: str):
     from peft import PeftModel
 
-    from logitcomp.loading import check_finite_files
+    from logitcomp.weightfiles import check_finite
 
-    check_finite_files(label, adapter)
-    return PeftModel.from_pretrained(_base_model(recipe, paths), adapter)
+    check_finite(label, adapter)
+    try:
+        return PeftModel.from_pretrained(_base_model(recipe, paths), adapter)
+    except RuntimeError as exc:  # torch's "size mismatch for ..." (check_inputs compares the shapes first)
+        raise ValueError(f"{label}: {adapter} does not fit the base {paths.base} ({str(exc).strip().splitlines()[-1]})") from None
 
 
 def load_composed(recipe: Recipe, paths: ResolvedPaths):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from merging.worlds.smol.data import ANSWER_MARKER, code_tasks, math_problems, task_data
 
