@@ -221,7 +221,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError(f"experts return {[e.shape[-1] for e in experts]} logits, the base {base.shape[-1]}")
         masks = [self._masks.get(e) for e in self.experts]
         weights = [c.weight(e) for e in self.experts]
-        composed = compose_logprobs(base, experts, weights, floor=c.floor, masks=masks)  # (B, T, V)
+        composed = compose_logprobs(base, experts, weights, floor=c.floor, masks=masks, rule=c.rule, rule_params=c.rule_params)  # (B, T, V)
         composed = apply_eos_policy(composed, base, experts, self._eos_ids(), c.eos_policy, c.floor)
         trace = None
         if c.trace if output_trace is None else output_trace:

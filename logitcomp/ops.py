@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .config import DEFAULT_FLOOR, EOS_POLICIES, MIN_FLOOR, check_weights  # noqa: F401  (EOS_POLICIES: re-exported)
+from .config import DEFAULT_FLOOR, EOS_POLICIES, MIN_FLOOR, check_rule, check_weights  # noqa: F401  (EOS_POLICIES: re-exported)
+from .rules import RULES
 
 def compose_logprobs(
     base: torch.Tensor,
@@ -21,8 +22,10 @@ def compose_logprobs(
     *,
     floor: float = DEFAULT_FLOOR,
     masks: Sequence[torch.Tensor | None] | None = None,
+    rule: str = "product",
+    rule_params: dict | None = None,
 ) -> torch.Tensor:
-    """Compose experts with their base in probability space.
+    """Compose experts with their base in probability space (by default the paper's product rule).
 
     Args:
         base: base log-probs (or logits; they are normalised first), shape (..., V), any float dtype.
@@ -31,6 +34,7 @@ def compose_logprobs(
         floor: base and expert log-probs are clamped at `floor` (in [-1e9, 0)) so that −inf − (−inf) never
             occurs and an anti-expert's −w·(−inf) cannot become +inf; NaN counts as −inf.
         masks: optional per-expert bool tensors (V,): the expert's log-ratio applies only where True.
+        rule, rule_params: a rule of `logitcomp.rules.RULES` and its parameters (config.RULE_PARAMS).
 
     Returns:
         fp32 log-probs of shape (..., V), finite, with logsumexp 0 over the last dim.
@@ -45,15 +49,13 @@ def compose_logprobs(
         raise ValueError(f"masks: expected {len(experts)} (one per expert or None), got {len(masks)}")
     if not MIN_FLOOR <= floor < 0:
         raise ValueError(f"floor: expected a negative number >= -1e9, got {floor!r}")
-    lb = clamped_logprobs(base, floor)  # (..., V)
-    total = lb.clone()
-    for i, (expert, w) in enumerate(zip(experts, weights)):
+    params = check_rule(rule, dict(rule_params or {}))
+    for i, expert in enumerate(experts):
         if expert.shape != base.shape:
             raise ValueError(f"experts[{i}]: expected shape {tuple(base.shape)}, got {tuple(expert.shape)}")
-        ratio = clamped_logprobs(expert, floor) - lb  # (..., V), finite: both sides are clamped
-        if masks is not None and masks[i] is not None:
-            ratio = ratio * masks[i].to(ratio.device, ratio.dtype)
-        total = total + w * ratio
+    lb = clamped_logprobs(base, floor)  # (..., V)
+    clamped = [clamped_logprobs(e, floor) for e in experts]  # finite: every log-ratio is bounded
+    total = RULES[rule](lb, clamped, weights, masks or [None] * len(experts), **params)  # (..., V)
     return torch.log_softmax(total, dim=-1)  # finite: every term is bounded
 
 

@@ -65,7 +65,14 @@ def _generate(args: argparse.Namespace) -> int:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:  # argv bytes that are not UTF-8 arrive as lone surrogates
         raise ValueError("--prompt: not UTF-8 text") from None
-    out = generate_from_recipe(args.recipe, args.prompt, args.max_new_tokens, args.trace)
+    params = {}
+    for item in args.rule_param or []:
+        name, _, value = item.partition("=")
+        try:
+            params[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--rule-param: expected NAME=NUMBER, got {item!r}") from None
+    out = generate_from_recipe(args.recipe, args.prompt, args.max_new_tokens, args.trace, args.rule, params or None)
     print(out.text)
     if args.trace:
         print("token      " + " ".join(f"{e:>10}" for e in out.experts) + "    entropy")
@@ -113,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=_positive_int, default=32)
     gen.add_argument("--trace", action="store_true", help="print each expert's activity KL(p_i || p_b) per token")
+    gen.add_argument("--rule", help="composition rule instead of the recipe's: product, tempered, activity, union, plausible")
+    gen.add_argument("--rule-param", action="append", metavar="NAME=NUMBER", help="a parameter of the rule (repeatable)")
     gen.set_defaults(func=_generate)
     return parser
 

@@ -27,15 +27,22 @@ def load_recipe_models(path, check_tasks: bool = False):
     return recipe, paths
 
 
-def generate_from_recipe(path, prompt: str, max_new_tokens: int = 32, trace: bool = False) -> Generation:
-    """Greedy decoding of `prompt` by the recipe's composed model."""
+def generate_from_recipe(path, prompt: str, max_new_tokens: int = 32, trace: bool = False, rule: str | None = None,
+                         rule_params: dict | None = None) -> Generation:
+    """Greedy decoding of `prompt` by the recipe's composed model (`rule`/`rule_params` override the recipe's)."""
+    import dataclasses
+
     import torch
     from transformers import AutoTokenizer
 
     from .variants import load_composed
 
     recipe, paths = load_recipe_models(path)
-    composed = load_composed(recipe, paths)
+    config = recipe.composition()
+    if rule is not None or rule_params is not None:
+        config = dataclasses.replace(config, rule=rule or config.rule,
+                                     rule_params=rule_params if rule_params is not None else ({} if rule else config.rule_params))
+    composed = load_composed(recipe, paths, config)
     tokenizer = AutoTokenizer.from_pretrained(paths.base)
     batch = tokenizer([prompt], return_tensors="pt").to(composed.device)
     with torch.no_grad():

@@ -9,6 +9,7 @@ model_args (lm-eval splits them on commas, so lists use `|` and `name:value`):
     base=DIR,experts=a2b:DIR1|c2d:DIR2              or a base and experts inline
     weights=a2b:1.0|c2d:0.5                         optional weights (default 1.0 each)
     eos_policy=any,floor=-1e4                       any CompositionConfig option
+    rule=activity,rule_params=gamma:2               a composition rule and its parameters
     allow_pickle=true,trust_remote_code=true        opt-ins
 plus every HFLM argument (batch_size, max_length, ...).
 """
@@ -65,7 +66,7 @@ HFLM_ARGS = frozenset(n for n, p in inspect.signature(HFLM.__init__).parameters.
 class LogitcompLM(HFLM):
     """lm-eval model over a `ComposedModelForCausalLM` (see the module docstring for model_args)."""
 
-    def __init__(self, pretrained=None, base=None, experts=None, weights=None, eos_policy=None, floor=None,
+    def __init__(self, pretrained=None, base=None, experts=None, weights=None, eos_policy=None, floor=None, rule=None, rule_params=None,
                  allow_pickle=False, trust_remote_code=False, dtype=None, device="cpu", **kwargs):
         unknown = sorted(set(kwargs) - HFLM_ARGS)
         if unknown:
@@ -85,6 +86,9 @@ class LogitcompLM(HFLM):
                 weights={k: _number(f"weights.{k}", v) for k, v in parse_pairs("weights", weights).items()} if weights else {},
                 **({"eos_policy": eos_policy} if eos_policy else {}),
                 **({"floor": _number("floor", floor)} if floor is not None else {}),
+                **({"rule": rule} if rule else {}),
+                **({"rule_params": {k: _number(f"rule_params.{k}", v) for k, v in parse_pairs("rule_params", rule_params).items()}}
+                   if rule_params else {}),
             )
             composed = ComposedModelForCausalLM.from_experts(base, parse_pairs("experts", experts), config=config, **options)
         else:

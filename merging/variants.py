@@ -56,12 +56,12 @@ def _with_adapter(recipe: Recipe, paths: ResolvedPaths, adapter: Path, label: st
         raise ValueError(f"{label}: {adapter} does not fit the base {paths.base} ({str(exc).strip().splitlines()[-1]})") from None
 
 
-def load_composed(recipe: Recipe, paths: ResolvedPaths):
-    """The recipe's composed model."""
+def load_composed(recipe: Recipe, paths: ResolvedPaths, config=None):
+    """The recipe's composed model (with `config`: that CompositionConfig instead of the recipe's)."""
     from logitcomp import ComposedModelForCausalLM
 
     o = _options(recipe)
-    return ComposedModelForCausalLM.from_experts(paths.base, paths.experts, config=recipe.composition(), dtype=o.dtype,
+    return ComposedModelForCausalLM.from_experts(paths.base, paths.experts, config=config or recipe.composition(), dtype=o.dtype,
                                                  device=o.device, allow_pickle=o.allow_pickle, trust_remote_code=o.trust_remote_code)
 
 

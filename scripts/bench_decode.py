@@ -14,6 +14,10 @@ a composed step spent in the composition itself (log_softmax and combine).
 
     python scripts/bench_decode.py                          # 58M-parameter Llama, k=2, r=16, CPU
     python scripts/bench_decode.py --device cuda --dtype bfloat16 --hidden 2048 --layers 16
+    python scripts/bench_decode.py --setups composed --rule activity --rule union   # cost of each rule vs product
+
+`--rule NAME` (repeatable) adds a `composed@NAME` setup per composition rule (default parameters),
+reported beside the product rule's `composed`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--setups", default=",".join(SETUPS))
+    p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -94,7 +99,7 @@ def make_step(setup: str, root: Path, args):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from logitcomp import ComposedModelForCausalLM, compose_logprobs
+    from logitcomp import ComposedModelForCausalLM, CompositionConfig, compose_logprobs
     from logitcomp.model import position_ids
 
     dtype, device = getattr(torch, args.dtype), args.device
@@ -109,8 +114,9 @@ def make_step(setup: str, root: Path, args):
             return out.logits[:, -1].argmax(-1), out.cache
         return step
 
-    if setup == "composed":
-        model = ComposedModelForCausalLM.from_experts(root / "base", experts, dtype=dtype, device=device)
+    if setup.startswith("composed"):  # composed (the product rule) or composed@RULE
+        config = CompositionConfig(rule=setup.partition("@")[2] or "product")
+        model = ComposedModelForCausalLM.from_experts(root / "base", experts, config=config, dtype=dtype, device=device)
 
         def step(ids, mask, cache):
             out = model(ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
@@ -165,7 +171,7 @@ def decode(step, args) -> float:
 
 
 @torch.no_grad()
-def composition_seconds(args) -> float:
+def composition_seconds(args, rule: str = "product") -> float:
     """Time of compose_logprobs on one step's log-probs (k+1 rows of (B, V))."""
     from logitcomp import apply_eos_policy, compose_logprobs
 
@@ -175,7 +181,7 @@ def composition_seconds(args) -> float:
     for _ in range(5):
         start = time.perf_counter()
         for _ in range(20):
-            out = compose_logprobs(logits[0], list(logits[1:]))
+            out = compose_logprobs(logits[0], list(logits[1:]), rule=rule)
             apply_eos_policy(out, logits[0], list(logits[1:]), [], "compose")
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -193,8 +199,8 @@ def child(args) -> None:
     step = make_step(args.child, root, args)
     rates = [decode(step, args) for _ in range(args.repeats)]
     result = {"setup": args.child, "steps_per_s": max(rates), "peak_bytes": peak_bytes(args.device) - baseline}
-    if args.child == "composed":
-        result["compose_s"] = composition_seconds(args)
+    if args.child.startswith("composed"):
+        result["compose_s"] = composition_seconds(args, args.child.partition("@")[2] or "product")
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -206,7 +212,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build_world(args, Path(tmp))
         results = {}
-        for setup in args.setups.split(","):
+        for setup in args.setups.split(",") + [f"composed@{rule}" for rule in args.rule]:
             cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", setup, "--workdir", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -234,6 +240,10 @@ def report(args, results: dict) -> None:
                 print(f"composed / {other}: {comp['steps_per_s'] / results[other]['steps_per_s']:.2f}x steps/s")
         share = comp["compose_s"] * comp["steps_per_s"]
         print(f"composition (log_softmax + combine): {comp['compose_s'] * 1e3:.2f} ms = {share:.1%} of a composed step")
+        for rule in args.rule:
+            r = results[f"composed@{rule}"]
+            print(f"rule {rule}: {r['steps_per_s']:.1f} steps/s = {r['steps_per_s'] / comp['steps_per_s']:.2f}x the product rule's; "
+                  f"composition {r['compose_s'] * 1e3:.2f} ms vs {comp['compose_s'] * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

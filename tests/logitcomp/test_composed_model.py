@@ -380,3 +380,25 @@ def test_a_base_loaded_by_a_relative_path_is_saved_as_that_folder(tiny, tmp_path
     monkeypatch.chdir(tmp_path)
     saved = composed.save_pretrained("saved")
     assert json.loads((saved / "composition.json").read_text())["base"] == str(tiny.base.resolve())
+
+
+@pytest.mark.parametrize(("rule", "params", "policy"), [("activity", {"gamma": 2.0}, "any"), ("union", {}, "base"),
+                                                        ("tempered", {"scale": 0.5}, "compose"), ("plausible", {"alpha": 0.1}, "all")])
+def test_every_rule_runs_through_the_model_with_masks_and_eos_policies(tiny, refs, tok, rule, params, policy):
+    """The model applies config.rule to the experts' rows: against the rule applied to separately loaded models."""
+    from logitcomp import apply_eos_policy, compose_logprobs
+
+    names = ["a", "b", "full"]
+    masks = {"b": list(range(40, 80))}
+    config = CompositionConfig(rule=rule, rule_params=params, eos_policy=policy, masks=masks)
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), config=config)
+    ids = tok("ABCAB>CC").input_ids
+    lb, experts = row_logprobs(refs["base"], ids), [row_logprobs(refs[n], ids) for n in names]
+    mask_b = torch.zeros(lb.shape[-1], dtype=torch.bool)
+    mask_b[40:80] = True
+    want = compose_logprobs(lb, experts, masks=[None, mask_b, None], rule=rule, rule_params=params)
+    want = apply_eos_policy(want, lb, experts, [tok.eos_token_id], policy)
+    with torch.no_grad():
+        got = composed(torch.tensor([ids])).logits[0]
+    assert (got.double() - want.double()).abs().max() <= TOL
+    assert (got.double() - hand_compose(lb, experts, [1.0] * 3)).abs().max() > 1e-2  # not the product

@@ -43,6 +43,8 @@ def test_inline_model_args_and_their_errors(tiny):
     args = f"a:{tiny.adapters['a']}|b:{tiny.adapters['b']}"
     lm = LogitcompLM(base=str(tiny.base), experts=args, weights="a:0.5|b:2", eos_policy="any", batch_size=2)
     assert lm.model.composition.weights == {"a": 0.5, "b": 2.0} and lm.model.composition.eos_policy == "any"
+    lm = LogitcompLM(base=str(tiny.base), experts=args, rule="activity", rule_params="gamma:2.5", batch_size=2)
+    assert lm.model.composition.rule == "activity" and lm.model.composition.rule_params == {"gamma": 2.5}
     with pytest.raises(ValueError, match=r"experts: expected name:value items"):
         parse_pairs("experts", "a=1")
     with pytest.raises(ValueError, match=r"weights: duplicate name 'a'"):

@@ -214,3 +214,23 @@ def test_resume_reuses_a_variant_only_while_its_resolved_inputs_are_unchanged(ti
     shutil.copy(retrained / "adapter_model.safetensors", tmp_path / "two" / "world" / "a")  # the expert retrained
     runner.run_recipe(recipes[1], echo=lines.append)
     assert calls == ["base", "a"] * 2 + ["a"]
+
+
+def test_generate_takes_the_rule_of_the_recipe_or_of_the_command_line(tiny, tmp_path):
+    import torch
+    from transformers import AutoTokenizer
+
+    from logitcomp import ComposedModelForCausalLM, CompositionConfig
+
+    recipe = write_recipe(tmp_path, tiny, compose={"rule": "tempered", "rule_params": {"scale": 0.5}})
+    tok = AutoTokenizer.from_pretrained(tiny.base)
+    batch = tok(["CAB>"], return_tensors="pt")
+    experts = {"a": tiny.adapters["a"], "b": tiny.adapters["b"]}
+    for args, config in (([], CompositionConfig(rule="tempered", rule_params={"scale": 0.5})),
+                         (["--rule", "activity", "--rule-param", "gamma=3"], CompositionConfig(rule="activity", rule_params={"gamma": 3.0}))):
+        proc = cli("generate", "--recipe", recipe, "--prompt", "CAB>", "--max-new-tokens", "8", *args)
+        assert proc.returncode == 0, proc.stderr
+        composed = ComposedModelForCausalLM.from_experts(tiny.base, experts, config=config)
+        with torch.no_grad():
+            out = composed.generate(**batch, max_new_tokens=8, do_sample=False)
+        assert proc.stdout.splitlines()[0] == tok.decode(out[0, batch.input_ids.shape[1]:], skip_special_tokens=True)
