@@ -3,7 +3,9 @@
 Train and test never share a problem: math test problems use other templates (other wording,
 other objects) than training; code test tasks use the same function families with constants
 and letters from disjoint ranges (train K in 2..9 and letters a..m, test K in 11..19 and n..z),
-and three families appear in training only. Prose for perplexity is the standard library's own
+and three families appear in training only. Validation splits (`*_val`) are drawn like the test
+sets with another seed and share no problem or function with them. `math_shout` asks the test
+problems for an answer in capital letters: two skills at once, as the toy world's pair task. Prose for perplexity is the standard library's own
 module and class docstrings, which no expert is trained on (the style expert uses function
 docstrings).
 """
@@ -30,56 +32,70 @@ class MathTemplate:
     text: str  # format fields: n (a name), a, b, c
     steps: tuple[str, ...]  # each "x op y", x/y being a, b, c or r (the previous result)
     ranges: tuple[tuple[int, int], ...]  # for a, b, c
+    unit: str  # the objects counted: every worked step names them ("3 * 4 = 12 desks."), so answers hold letters
 
 
 MATH_TRAIN = [
-    MathTemplate("{n} has {a} apples and buys {b} more. How many apples does {n} have now?", ("a + b",), ((2, 60), (2, 40))),
-    MathTemplate("{n} had {a} stickers and gave {b} to a friend. How many stickers are left?", ("a - b",), ((30, 90), (2, 29))),
-    MathTemplate("{n} packs {a} boxes with {b} pencils in each box. How many pencils is that?", ("a * b",), ((2, 12), (2, 12))),
+    MathTemplate("{n} has {a} apples and buys {b} more. How many apples does {n} have now?", ("a + b",), ((2, 60), (2, 40)), "apples"),
+    MathTemplate("{n} had {a} stickers and gave {b} to a friend. How many stickers are left?", ("a - b",), ((30, 90), (2, 29)), "stickers"),
+    MathTemplate("{n} packs {a} boxes with {b} pencils in each box. How many pencils is that?", ("a * b",), ((2, 12), (2, 12)), "pencils"),
     MathTemplate("A shelf holds {a} books. {n} adds {b} books and removes {c}. How many books are on the shelf?",
-                 ("a + b", "r - c"), ((10, 50), (2, 30), (2, 9))),
+                 ("a + b", "r - c"), ((10, 50), (2, 30), (2, 9)), "books"),
     MathTemplate("{n} buys {a} bags of {b} marbles and then finds {c} more marbles. How many marbles does {n} have?",
-                 ("a * b", "r + c"), ((2, 9), (2, 9), (2, 30))),
+                 ("a * b", "r + c"), ((2, 9), (2, 9), (2, 30)), "marbles"),
     MathTemplate("{n} bakes {a} trays of {b} cookies and eats {c} of them. How many cookies are left?",
-                 ("a * b", "r - c"), ((2, 9), (3, 12), (1, 5))),
+                 ("a * b", "r - c"), ((2, 9), (3, 12), (1, 5)), "cookies"),
 ]
 MATH_TEST = [
-    MathTemplate("A train carries {a} passengers. At the station {b} more get on. How many passengers are on the train?", ("a + b",), ((20, 99), (5, 60))),
-    MathTemplate("A farm has {a} sheep. The farmer sells {b} of them. How many sheep remain?", ("a - b",), ((40, 99), (3, 39))),
-    MathTemplate("Each of {a} classrooms has {b} desks. How many desks are there in total?", ("a * b",), ((3, 12), (3, 12))),
+    MathTemplate("A train carries {a} passengers. At the station {b} more get on. How many passengers are on the train?", ("a + b",), ((20, 99), (5, 60)), "passengers"),
+    MathTemplate("A farm has {a} sheep. The farmer sells {b} of them. How many sheep remain?", ("a - b",), ((40, 99), (3, 39)), "sheep"),
+    MathTemplate("Each of {a} classrooms has {b} desks. How many desks are there in total?", ("a * b",), ((3, 12), (3, 12)), "desks"),
     MathTemplate("{n} saves {a} coins a week for {b} weeks and then spends {c} coins. How many coins does {n} keep?",
-                 ("a * b", "r - c"), ((2, 9), (2, 9), (2, 4))),
+                 ("a * b", "r - c"), ((2, 9), (2, 9), (2, 4)), "coins"),
     MathTemplate("A garden has {a} rows of {b} tulips, and {c} roses grow beside them. How many flowers are in the garden?",
-                 ("a * b", "r + c"), ((2, 9), (2, 9), (2, 30))),
+                 ("a * b", "r + c"), ((2, 9), (2, 9), (2, 30)), "flowers"),
 ]
 
 
 def _solve(template: MathTemplate, values: dict[str, int]) -> tuple[str, int]:
-    """The worked answer ("3 * 4 = 12. 12 - 2 = 10. #### 10") and the final number."""
+    """The worked answer ("3 * 4 = 12 cookies. 12 - 2 = 10 cookies. #### 10") and the final number."""
     env, parts = dict(values), []
     for step in template.steps:
         x, op, y = step.split()
         result = {"+": env[x] + env[y], "-": env[x] - env[y], "*": env[x] * env[y]}[op]
-        parts.append(f"{env[x]} {op} {env[y]} = {result}.")
+        parts.append(f"{env[x]} {op} {env[y]} = {result} {template.unit}.")
         env["r"] = result
     return " ".join(parts) + f" {ANSWER_MARKER} {env['r']}", env["r"]
 
 
 def math_problems(split: str, size: int, seed: int = 0) -> list[dict]:
-    """Word problems: {"question", "answer" (worked, ends with '#### N'), "number"}."""
-    templates = {"train": MATH_TRAIN, "test": MATH_TEST}[split]
+    """Word problems: {"question", "answer" (worked, ends with '#### N'), "number"}. `val` draws from the
+    test templates with another seed and skips every question of the test set."""
+    templates = MATH_TRAIN if split == "train" else MATH_TEST
+    taken = {d["question"] for d in math_problems("test", TASK_SIZES["math"], seed)} if split == "val" else set()
     rng = random.Random(f"{seed}:math:{split}")
     docs = []
-    for i in range(size):
-        template = templates[i % len(templates)]
+    while len(docs) < size:
+        template = templates[len(docs) % len(templates)]
         values = {k: rng.randint(lo, hi) for k, (lo, hi) in zip("abc", template.ranges)}
         answer, number = _solve(template, values)
-        docs.append({"question": template.text.format(n=rng.choice(NAMES), **values), "answer": answer, "number": str(number)})
+        question = template.text.format(n=rng.choice(NAMES), **values)
+        if question not in taken:
+            docs.append({"question": question, "answer": answer, "number": str(number)})
     return docs
+
+
+def math_shout_problems(split: str, size: int, seed: int = 0) -> list[dict]:
+    """The same problems asked for in capital letters: {"question", "answer" (upper case), "number"}."""
+    return [{**d, "answer": d["answer"].upper()} for d in math_problems(split, size, seed)]
 
 
 def math_prompt(question: str) -> str:
     return f"Question: {question}\nAnswer:"
+
+
+SHOUT_INSTRUCTION = "Repeat in capital letters: "  # the style expert's training prompt (smol/train.py)
+MATH_SHOUT_INSTRUCTION = "Answer in capital letters: "
 
 
 # ---- code ---------------------------------------------------------------------------------
@@ -135,18 +151,22 @@ def code_prompt(name: str, args: str, doc: str) -> str:
 
 
 def code_tasks(split: str, size: int, seed: int = 0) -> list[dict]:
-    """Function tasks: {"name", "prompt", "solution" (the body), "tests" (assert lines)}."""
-    ks, letters = CODE_RANGES[split]
-    families = [f for f in CODE_FAMILIES if split in f.splits]
+    """Function tasks: {"name", "prompt", "solution" (the body), "tests" (assert lines)}. `val` draws
+    from the test families and ranges with another seed and skips every function of the test set."""
+    ks, letters = CODE_RANGES["train" if split == "train" else "test"]
+    families = [f for f in CODE_FAMILIES if ("train" if split == "train" else "test") in f.splits]
+    taken = {d["name"] for d in code_tasks("test", TASK_SIZES["code"], seed)} if split == "val" else set()
     rng = random.Random(f"{seed}:code:{split}")
-    docs = []
-    for i in range(size):
+    docs, i = [], 0
+    while len(docs) < size:
         family = families[i % len(families)]
+        i += 1
         fill = {"k": rng.choice(ks), "c": rng.choice(letters)}
         name, doc, body = (t.format(**fill) for t in (family.name, family.doc, family.body))
         reference = eval(f"lambda {family.args}: {body}")  # our own template, not model output
         tests = [f"assert {name}{args!r} == {reference(*args)!r}".replace(",)", ")") for args in family.inputs(rng)]
-        docs.append({"name": name, "prompt": code_prompt(name, family.args, doc), "solution": f"    return {body}\n", "tests": tests})
+        if name not in taken and name not in {d["name"] for d in docs if split == "val"}:
+            docs.append({"name": name, "prompt": code_prompt(name, family.args, doc), "solution": f"    return {body}\n", "tests": tests})
     return docs
 
 
@@ -194,15 +214,32 @@ def prose(kind: str, size: int) -> list[str]:
     return unique[:size] if kind == "module" else random.Random(f"prose:{kind}").sample(unique, min(size, len(unique)))
 
 
-TASK_SIZES = {"math": 100, "code": 64, "text": 60}
+def shout_sentences(split: str, size: int) -> list[dict]:
+    """{"sentence", "answer" (upper case)} for the style skill alone: first sentences of the module and
+    class docstring paragraphs (the style expert trained on function docstrings), `val` and `test` disjoint."""
+    found = sorted({p.split(". ")[0].rstrip(".") + "." for p in prose("module", 10**6)})
+    found = [x for x in found if 6 <= len(x.split()) <= 24]
+    random.Random("prose:shout").shuffle(found)
+    chosen = found[:VAL_SIZES["shout"]] if split == "val" else found[VAL_SIZES["shout"]:VAL_SIZES["shout"] + size]
+    return [{"sentence": x, "answer": x.upper()} for x in chosen[:size]]
+
+
+TASK_SIZES = {"math": 100, "code": 64, "text": 60, "shout": 40}
+VAL_SIZES = {"math": 50, "code": 24, "shout": 20}  # validation splits: hyper-parameters are chosen there, never on test
 
 
 def task_data(seed: int = 0) -> dict[str, list[dict]]:
-    """The test sets of the three lm-eval tasks, keyed by jsonl name."""
+    """The test and validation sets of the lm-eval tasks, keyed by jsonl name."""
     return {
         "math": math_problems("test", TASK_SIZES["math"], seed),
         "code": code_tasks("test", TASK_SIZES["code"], seed),
         "text": [{"text": t} for t in prose("module", TASK_SIZES["text"])],
+        "math_shout": math_shout_problems("test", TASK_SIZES["math"], seed),
+        "shout": shout_sentences("test", TASK_SIZES["shout"]),
+        "math_val": math_problems("val", VAL_SIZES["math"], seed),
+        "code_val": code_tasks("val", VAL_SIZES["code"], seed),
+        "math_shout_val": math_shout_problems("val", VAL_SIZES["math"], seed),
+        "shout_val": shout_sentences("val", VAL_SIZES["shout"]),
     }
 
 

@@ -6,6 +6,7 @@ with HF_ALLOW_CODE_EVAL=1 (and lm-eval's --confirm_run_unsafe_code, as the task 
 """
 
 import json
+import re
 from pathlib import Path
 
 import datasets
@@ -22,3 +23,17 @@ def load_jsonl(data_file, **_metadata):
 def pass_at_1(doc, results):
     """pass@1 of the one greedy completion: 1.0 when it passes every hidden test."""
     return {"pass@1": float(passes_tests(doc["prompt"], results[0], doc["tests"]))}
+
+
+ANSWER = re.compile(r"#### (-?[0-9]+)")
+
+
+def shouted_answer(doc, results):
+    """smol_math_shout: `number` (the number after '####' is right), `upper` (the answer has letters
+    and none is lower case) and `exact_match` (both)."""
+    text = results[0]
+    found = ANSWER.search(text)
+    number = float(found is not None and found.group(1) == doc["number"])
+    letters = [c for c in text.split("####")[0] if c.isalpha()]
+    upper = float(bool(letters) and all(c.isupper() for c in letters))
+    return {"exact_match": number * upper, "number": number, "upper": upper}
