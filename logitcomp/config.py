@@ -17,6 +17,7 @@ RULE_PARAMS: dict[str, dict[str, tuple[float, float, float]]] = {
     "product": {},
     "tempered": {"scale": (1.0, 0.0, 10.0)},
     "activity": {"gamma": (1.0, 0.0, 100.0)},
+    "confident": {"gamma": (1.0, 0.0, 100.0)},
     "union": {},
     "plausible": {"alpha": (0.1, 0.0, 1.0)},
 }
@@ -72,7 +73,7 @@ class CompositionConfig:
             conditionals); experts left out apply everywhere.
         trace: forward also returns each expert's activity KL(p_i ‖ p_b) and the composed entropy.
         rule: how the log-probs combine (logitcomp/rules.py): `product` (the paper's), `tempered`,
-            `activity`, `union` or `plausible`; EOS policies and masks apply with every rule.
+            `activity`, `confident`, `union` or `plausible`; EOS policies and masks apply with every rule.
         rule_params: the rule's parameters (RULE_PARAMS: defaults and ranges).
     """
 

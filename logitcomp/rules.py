@@ -15,6 +15,9 @@ them without torch. The rules:
     activity    log p̂ ∝ log p_b + Σ w_i g_i r_i,  g_i = (a_i / max_j a_j)^γ,  a_i = KL(p_i ‖ p_b)
                 per position: an expert counts in proportion to how active it is relative to the
                 most active one (γ = 0: product; γ → ∞: the most active expert alone)
+    confident   log p̂ ∝ log p_b + Σ w_i c_i r_i,  c_i = (max_y p_i(y))^γ  per position: an expert counts
+                in proportion to its own confidence, so one that is lost on a prefix unlike its training
+                data (flat distribution) fades out (γ = 0: product)
     union       log p̂ ∝ log p_b + max_i w_i r_i                  each token gets the support of its
                 most favourable expert only (model arithmetic's Union, relative to the base)
     plausible   product restricted to tokens y with p_m(y) ≥ α · max_y' p_m(y') for the base or
@@ -64,6 +67,13 @@ def activity(lb, experts, weights, masks, *, gamma: float) -> torch.Tensor:
     return total
 
 
+def confident(lb, experts, weights, masks, *, gamma: float) -> torch.Tensor:
+    total = lb.clone()
+    for ratio, w, e in zip(log_ratios(lb, experts, masks), weights, experts):
+        total = total + w * (gamma * e.amax(-1, keepdim=True)).exp() * ratio  # (max p_i)^γ = exp(γ · max log p_i)
+    return total
+
+
 def union(lb, experts, weights, masks) -> torch.Tensor:
     ratios = torch.stack([w * r for r, w in zip(log_ratios(lb, experts, masks), weights)])  # (k, ..., V)
     return lb + ratios.amax(0)
@@ -80,5 +90,6 @@ def plausible(lb, experts, weights, masks, *, alpha: float) -> torch.Tensor:
 
 
 RULES: dict[str, Callable[..., torch.Tensor]] = {
-    "product": product, "tempered": tempered, "activity": activity, "union": union, "plausible": plausible,
+    "product": product, "tempered": tempered, "activity": activity, "confident": confident, "union": union,
+    "plausible": plausible,
 }

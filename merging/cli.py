@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=_positive_int, default=32)
     gen.add_argument("--trace", action="store_true", help="print each expert's activity KL(p_i || p_b) per token")
-    gen.add_argument("--rule", help="composition rule instead of the recipe's: product, tempered, activity, union, plausible")
+    gen.add_argument("--rule", help="composition rule instead of the recipe's: product, tempered, activity, confident, union, plausible")
     gen.add_argument("--rule-param", action="append", metavar="NAME=NUMBER", help="a parameter of the rule (repeatable)")
     gen.set_defaults(func=_generate)
     return parser

@@ -30,6 +30,7 @@ GRID: dict[str, list[dict]] = {
     "product": [{}],
     "tempered": [{"scale": s} for s in (0.5, 0.75)],
     "activity": [{"gamma": g} for g in (0.5, 1.0, 2.0, 4.0)],
+    "confident": [{"gamma": g} for g in (1.0, 4.0, 16.0)],
     "union": [{}],
     "plausible": [{"alpha": a} for a in (0.01, 0.1, 0.3)],
 }
@@ -52,13 +53,14 @@ def main() -> None:
     parser.add_argument("--variant", default="entangled", choices=["factorised", "entangled"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs/toy-rules"))
+    parser.add_argument("--rules", nargs="+", default=list(GRID), help="a subset of the rules in GRID")
     args = parser.parse_args()
     tasks = {t.name: t for t in TASKS}
     val = {label: make_eval_set(tasks["_".join(r)], VALIDATION_SIZE, VALIDATION_SEED) for label, r in EVAL_TASKS.items()}
     test = {label: make_eval_set(tasks["_".join(r)]) for label, r in EVAL_TASKS.items()}
     worlds = {seed: world_for(args.worlds.resolve(), args.variant, seed) for seed in args.seeds}
     validation, chosen, results = {}, {}, {}
-    for rule, candidates in GRID.items():
+    for rule, candidates in ((r, GRID[r]) for r in args.rules):
         means = []
         for params in candidates:
             runs = {seed: score(w, rule, params, val) for seed, w in worlds.items()}

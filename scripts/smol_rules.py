@@ -39,6 +39,7 @@ GRID: dict[str, list[dict]] = {
     "product": [{}],
     "tempered": [{"scale": 0.5}, {"scale": 0.75}],
     "activity": [{"gamma": 1.0}, {"gamma": 4.0}],
+    "confident": [{"gamma": 4.0}],
     "union": [{}],
     "plausible": [{"alpha": 0.1}, {"alpha": 0.3}],
 }

@@ -76,6 +76,13 @@ def test_activity_against_hand_computation_and_its_limits():
     _close(compose_logprobs(BASE, [E1, weak], rule="activity", rule_params={"gamma": 20.0}), E1)
 
 
+def test_confident_against_hand_computation_and_gamma_zero_is_product():
+    gates = [e.exp().max(-1, keepdim=True).values ** 3.0 for e in (E1, E2, E3)]  # (max_y p_i(y))^γ
+    want = _norm(BASE + sum(w * g * (e - BASE) for w, g, e in zip(W, gates, (E1, E2, E3))))
+    _close(compose_logprobs(BASE, [E1, E2, E3], W, rule="confident", rule_params={"gamma": 3.0}), want)
+    _close(compose_logprobs(BASE, [E1, E2, E3], W, rule="confident", rule_params={"gamma": 0.0}), hand_compose(BASE, [E1, E2, E3], W))
+
+
 def test_union_against_hand_computation():
     ratios = torch.stack([w * (e - BASE) for w, e in zip(W, (E1, E2, E3))])
     _close(compose_logprobs(BASE, [E1, E2, E3], W, rule="union"), _norm(BASE + ratios.max(0).values))
@@ -105,7 +112,7 @@ def _base_kept(models, alpha):
 def test_every_rule_is_the_base_when_no_expert_moves_and_keeps_masks(rule):
     """No log-ratio anywhere (experts equal to the base, or masks all False): the base (plausible:
     the base restricted to the tokens that the base or an expert finds plausible)."""
-    params = {"tempered": {"scale": 0.7}, "activity": {"gamma": 1.5}, "plausible": {"alpha": 0.05}}.get(rule, {})
+    params = {"tempered": {"scale": 0.7}, "activity": {"gamma": 1.5}, "confident": {"gamma": 2.0}, "plausible": {"alpha": 0.05}}.get(rule, {})
     off = torch.zeros(V, dtype=torch.bool)
     for experts, masks in (([BASE, BASE], None), ([E1, E2], [off, off])):
         got = compose_logprobs(BASE, experts, masks=masks, rule=rule, rule_params=params)
