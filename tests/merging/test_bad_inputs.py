@@ -142,7 +142,7 @@ CASES = {
     "negative mask id": _r(r"compose: masks\['a'\]: expected a list of non-negative token ids", compose={"masks": {"a": [3, -1]}}),
     "mask of an unknown expert": _r(r"compose\.masks: unknown expert 'z'", compose={"masks": {"z": [3]}}),
     "mask id past the vocabulary": _r(r"compose\.masks\['a'\]: token id 500 is outside the base's vocabulary of 99", "run", compose={"masks": {"a": [3, 500]}}),
-    "unknown rule": _r(r"compose: rule: expected one of \['product', 'tempered', 'activity', 'union', 'plausible'\], got 'blend'", compose={"rule": "blend"}),
+    "unknown rule": _r(r"compose: rule: expected one of \['product', 'tempered', 'activity', 'confident', 'union', 'plausible'\], got 'blend'", compose={"rule": "blend"}),
     "rule parameter out of range": _r(r"compose: rule_params\.alpha: expected a number in \[0, 1\], got 3", compose={"rule": "plausible", "rule_params": {"alpha": 3}}),
     "compose weights key": _r(r"compose: unknown key 'weights'; allowed keys: floor, eos_policy, masks", compose={"weights": {"a": 2.0}}),
     # evaluate, variants, merge
