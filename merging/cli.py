@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 import warnings
 
@@ -136,18 +138,33 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-file "Loading weights" bars drown our own progress
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         return args.func(args)
     except KeyboardInterrupt:  # outputs are written atomically: what was finished is kept, nothing is half-written
         if args.debug:
             raise
-        print("logitcomp: interrupted; finished outputs are kept and nothing is half-written", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     except (ValueError, OSError, RuntimeError) as exc:
         if args.debug:
             raise
         print(f"logitcomp: error: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+INTERRUPTED = "logitcomp: interrupted; finished outputs are kept and nothing is half-written"
+
+
+def _interrupt(signum, frame) -> None:
+    """First Ctrl-C: KeyboardInterrupt (the run unwinds, temporary folders are removed). A library
+    may swallow it; a second Ctrl-C then ends the process at once (outputs are written atomically,
+    so only `.partial-*` leftovers remain, swept by the next run)."""
+    if getattr(_interrupt, "seen", False):
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        os._exit(130)
+    _interrupt.seen = True
+    raise KeyboardInterrupt
 
 
 def one_line(exc: BaseException) -> str:
