@@ -54,7 +54,9 @@ def check_finite_parameters(label: str, path: Path, model) -> None:
     """Refuse a loaded model holding NaN or ±inf: it composes or merges into garbage without any error.
     (Adapter files are scanned before loading: `weightfiles.check_finite`.)"""
     for name, tensor in model.named_parameters():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        # in chunks: isfinite builds temporaries of the tensor's size (a 256k x 2304 embedding: GBs)
+        chunks = tensor.detach().reshape(-1).split(1 << 20) if tensor.is_floating_point() else ()
+        if not all(torch.isfinite(chunk).all() for chunk in chunks):
             raise ValueError(f"{label}: {path} has NaN or inf in {name}")
 
 
