@@ -9,6 +9,7 @@ loader cache is cleared.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from pathlib import Path
@@ -77,11 +78,13 @@ def mergekit_config(base, experts: dict, weights: dict | None = None, method: st
 
 
 def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, method: str = "task_arithmetic",
-                    parameters: dict | None = None, *, device: str = "cpu", dtype: str = "float32") -> Path:
+                    parameters: dict | None = None, *, device: str = "cpu", dtype: str = "float32", lora_cache=None) -> Path:
     """Merge experts into their base with mergekit and write a Hugging Face model folder.
 
     With the default method, θ = θ_b + Σ_i w_i · Δθ_i (for LoRA experts Δθ_i = s_i B_i A_i).
     The folder holds safetensors weights, config, tokenizer and `mergekit_config.yml`.
+    `lora_cache`: a folder where mergekit keeps each LoRA expert merged into the base, shared by
+    several merges of the same, unchanged experts (a sweep); by default a fresh one per call.
 
     Returns:
         The output folder (absolute).
@@ -100,7 +103,8 @@ def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, m
     out.parent.mkdir(parents=True, exist_ok=True)
     # the LoRA cache is a `.partial-` sibling of the output, like atomic_dir's own folder: a killed run's
     # leftovers lie beside the output (swept by the recipe runner's lock) rather than in /tmp forever
-    with atomic_dir(out) as tmp, tempfile.TemporaryDirectory(prefix=f".{out.name}.partial-lora-cache-", dir=out.parent) as cache:
+    fresh = tempfile.TemporaryDirectory(prefix=f".{out.name}.partial-lora-cache-", dir=out.parent) if lora_cache is None else None
+    with atomic_dir(out) as tmp, fresh or contextlib.nullcontext(str(lora_cache)) as cache:
         LoaderCache().loaders.clear()  # a changed adapter at the same path must not be served stale
         options = MergeOptions(lora_merge_cache=cache, write_model_card=False, copy_tokenizer=True,
                                cuda=device.startswith("cuda"), device=device, quiet=True)

@@ -49,7 +49,7 @@ def _merge(args: argparse.Namespace) -> int:
     from .variants import build_merges
 
     recipe, paths = load_recipe_models(args.recipe)
-    check_recorded_recipe(paths.output, recipe.to_yaml())
+    check_recorded_recipe(paths.output, recipe)
     check_output(paths)
     with output_lock(paths.output):
         built = build_merges(recipe, paths)

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .recipe import RecipeError, ResolvedPaths
+import yaml
+
+from .recipe import Recipe, RecipeError, ResolvedPaths
 
 LOCK = ".logitcomp.lock"
 
@@ -38,10 +40,20 @@ def check_output(paths: ResolvedPaths) -> None:
     raise RecipeError(f"output: {out} is {reason}; choose an empty or new folder for the results")
 
 
-def check_recorded_recipe(out: Path, recipe_yaml: str, force: bool = False) -> None:
-    """Refuse an output folder that holds another recipe's results (unless `force`)."""
+def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> None:
+    """Refuse an output folder that holds another recipe's results (unless `force`). The selection
+    (`evaluate.select_on`) may change: it picks among finished results and changes none of them."""
     recorded = out / "recipe.yaml"
-    if recorded.exists() and recorded.read_text() != recipe_yaml and not force:
+    if not recorded.exists() or force:
+        return
+    try:
+        before = yaml.safe_load(recorded.read_text())
+        before["evaluate"]["select_on"] = None
+    except (yaml.YAMLError, TypeError, KeyError):
+        before = None  # not a recipe this version wrote
+    now = recipe.model_dump(mode="json")
+    now["evaluate"]["select_on"] = None
+    if before != now:
         raise RecipeError(f"output: {out} holds results of a different recipe; choose another output or pass --force")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from logitcomp.config import CompositionConfig
 from logitcomp.inputs import check_name
@@ -92,6 +92,14 @@ def _unique(field: str, items: list) -> list:
     return items
 
 
+class SelectSpec(_Strict):
+    """The validation score that picks one value of every swept family (the argmax; ties: the first value)."""
+
+    task: str
+    metric: str  # lm-eval's metric key: `exact_match`, or with its filter `exact_match,strict-match`
+    higher_is_better: bool = True
+
+
 class EvaluateSpec(_Strict):
     tasks: Annotated[list[str], AfterValidator(lambda v: _unique("task", v))]
     include_path: str | None = None
@@ -105,6 +113,7 @@ class EvaluateSpec(_Strict):
     # lm-eval's own switch for tasks marked `unsafe_code` (they run model-written code); the
     # shipped smol_code task also needs HF_ALLOW_CODE_EVAL=1 for its sandbox.
     confirm_run_unsafe_code: bool = False
+    select_on: SelectSpec | None = None
 
     @field_validator("device")
     @classmethod
@@ -114,6 +123,81 @@ class EvaluateSpec(_Strict):
         return value
 
 
+SWEEP_KEY = "lambda"  # the sweep every kind takes: each expert's weight times λ (merged: mergekit's `lambda`)
+OWN_KEYS = {"composed": ("compose", *COMPOSE_KEYS), "merged": ("method", "parameters"), "merged_lora": ()}
+
+
+def _finite(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        raise ValueError(_not_a_number(value) if not isinstance(value, float) else f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+class VariantSpec(BaseModel):
+    """A named row with its own options, e.g. `{name: ties, kind: merged, method: ties, parameters: {density: 0.5}}`.
+
+    composed: any `compose:` option (eos_policy, rule, rule_params, ...) over the recipe's block;
+    merged: a mergekit `method` and its `parameters` (default: the recipe's `merge:`); merged_lora:
+    task arithmetic as one LoRA. `sweep: {PARAM: [v1, v2, ...]}` expands the row into one per value;
+    PARAM is `lambda` (every expert's weight times λ), a parameter of the composed row's rule or of
+    the merged row's mergekit method.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    kind: Literal["composed", "merged", "merged_lora"]
+    compose: dict[str, Any] = Field(default_factory=dict)
+    method: str | None = None
+    parameters: dict[str, Any] | None = None
+    sweep: dict[str, list[float]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_of_its_kind(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a variant name ({', '.join(VARIANTS)}) or a mapping with name and kind, got {data!r}")
+        for key in ("name", "kind"):
+            if key not in data:
+                raise ValueError(f"expected a {key!r} key in {data!r}")
+        kind = data["kind"]
+        if kind not in OWN_KEYS:
+            raise ValueError(f"kind: expected one of {', '.join(OWN_KEYS)}, got {kind!r}")
+        allowed = ("name", "kind", "sweep", *OWN_KEYS[kind])
+        unknown = [k for k in data if k not in allowed]
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} for a {kind} variant; allowed keys: {', '.join(allowed)}")
+        compose = {**(data.get("compose") or {}), **{k: v for k, v in data.items() if k in COMPOSE_KEYS}}
+        return {k: v for k, v in data.items() if k not in COMPOSE_KEYS} | ({"compose": compose} if compose else {})
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        check_name(value)
+        return value
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _sweep(cls, value):
+        if value is None:
+            return value
+        if not isinstance(value, dict) or len(value) != 1:
+            raise ValueError(f"expected one parameter and its list of values, e.g. {{lambda: [0.5, 1.0]}}, got {value!r}")
+        (key, values), = value.items()
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{key}: expected a non-empty list of numbers, got {values!r}")
+        try:
+            values = [_finite(v) for v in values]
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+        return {key: _unique(f"{key} value", values)}
+
+    @model_validator(mode="after")
+    def _sweep_of_its_kind(self):
+        if self.sweep and self.kind == "merged_lora" and SWEEP_KEY not in self.sweep:
+            raise ValueError(f"sweep: a merged_lora variant sweeps {SWEEP_KEY} only, got {next(iter(self.sweep))!r}")
+        return self
+
+
 class Recipe(_Strict):
     name: str
     base: str
@@ -121,7 +205,7 @@ class Recipe(_Strict):
     compose: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     merge: MergeSpec = MergeSpec()
     evaluate: EvaluateSpec
-    variants: Annotated[list[Literal[VARIANTS]], AfterValidator(lambda v: _unique("variant", v))] = list(VARIANTS)  # type: ignore[valid-type]
+    variants: list[Literal[VARIANTS] | VariantSpec] = list(VARIANTS)  # type: ignore[valid-type]
     output: str
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -132,6 +216,32 @@ class Recipe(_Strict):
         if isinstance(value, dict):  # `name: path` is short for `name: {path: path}`
             return {k: {"path": v} if isinstance(v, str) else v for k, v in value.items()}
         return value
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _variants(cls, value):
+        """Each item checked on its own: pydantic's union errors would name both alternatives."""
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list of variants, got {value!r}")
+        items = []
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                if item not in VARIANTS:
+                    raise ValueError(f"[{i}]: unknown variant {item!r}; expected one of {', '.join(VARIANTS)} or a mapping with name and kind")
+                items.append(item)
+                continue
+            try:
+                items.append(VariantSpec.model_validate(item))
+            except ValidationError as exc:
+                name = item.get("name") if isinstance(item, dict) else None
+                where = f"[{i}]{f' ({name})' if isinstance(name, str) else ''}"
+                raise ValueError(f"{where}: {_one_line(exc).removeprefix('recipe: ')}") from None
+        _unique("variant", [v if isinstance(v, str) else v.name for v in items])
+        return items
+
+    @field_serializer("variants")
+    def _dump_variants(self, value: list) -> list:
+        return [v if isinstance(v, str) else v.model_dump(mode="json", exclude_defaults=True) for v in value]
 
     @field_validator("compose")
     @classmethod
@@ -152,6 +262,15 @@ class Recipe(_Strict):
                 raise ValueError(f"experts: expert name {name!r} is a variant name; the variants are {', '.join(VARIANTS)}")
         if "merged_lora" in self.variants and not self.merge.lora:
             raise ValueError("variants: merged_lora needs merge.lora: true")
+        for spec in self.variants:
+            if not isinstance(spec, str) and spec.name in self.experts:
+                raise ValueError(f"variants: {spec.name!r} is also an expert's name (the experts variant gives each expert a row)")
+        select = self.evaluate.select_on
+        if select and select.task not in self.evaluate.tasks:
+            raise ValueError(f"evaluate.select_on.task: {select.task!r} is not one of evaluate.tasks ({', '.join(self.evaluate.tasks)})")
+        from .plan import plan  # (plan builds on this module) every row's options, swept values included
+
+        plan(self)
         config = self.composition()  # the runtime's checks of the weights
         try:  # ... and of the masks' expert names (the weights name exactly the experts)
             config.check_experts(list(self.experts))

@@ -1,4 +1,5 @@
-"""Reports of a recipe run: results.json, report.md (variants x tasks) and report.png (grouped bars)."""
+"""Reports of a recipe run: results.json, report.md (variants x tasks), report.png (grouped bars) and,
+for swept families, sweep_TASK.png (score against the swept value)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import json
 from pathlib import Path
 
 from logitcomp.io import atomic_write_bytes
+
+from .plan import Variant
+from .recipe import SelectSpec
+from .sweeps import families, main_rows, select, sweep_figures
 
 
 def metric_columns(results: dict[str, dict[str, dict]], tasks: list[str]) -> list[tuple[str, str, str]]:
@@ -36,11 +41,12 @@ def _cell(task_metrics: dict, key: str) -> tuple[float, float | None] | None:
     return float(task_metrics[key]), float(stderr) if isinstance(stderr, (int, float)) else None
 
 
-def markdown_table(results: dict[str, dict[str, dict]], tasks: list[str]) -> str:
-    """Rows = variants, columns = each task's metrics, cells = value ± stderr."""
+def markdown_table(results: dict[str, dict[str, dict]], tasks: list[str], rows: list[str] | None = None) -> str:
+    """Rows = variants (`rows`, default all), columns = each task's metrics, cells = value ± stderr."""
     columns = metric_columns(results, tasks)
     lines = ["| variant | " + " | ".join(label for *_, label in columns) + " |", "|---|" + "---|" * len(columns)]
-    for variant, by_task in results.items():
+    for variant in rows or list(results):
+        by_task = results[variant]
         cells = []
         for task, key, _ in columns:
             cell = _cell(by_task.get(task, {}), key)
@@ -49,13 +55,35 @@ def markdown_table(results: dict[str, dict[str, dict]], tasks: list[str]) -> str
     return "\n".join(lines) + "\n"
 
 
-def write_reports(out: Path, recipe_name: str, results: dict, tasks: list[str], meta: dict) -> None:
-    """Write results.json, report.md and report.png into `out`, each atomically."""
-    table = markdown_table(results, tasks)
-    atomic_write_bytes(out / "results.json", (json.dumps({**meta, "results": results}, indent=2) + "\n").encode())
+def main_table(results: dict, tasks: list[str], variants: list[Variant], select_on: SelectSpec | None) -> str:
+    """The table a reader reads first: each swept family at its chosen value, the validation task left out
+    (with no swept family, or no `select_on`, every row and task)."""
+    chosen = select(results, variants, select_on)
+    if not chosen:
+        return markdown_table(results, tasks)
+    table = markdown_table(results, [t for t in tasks if t != select_on.task], main_rows(variants, chosen))
+    picks = "; ".join(f"{f}: {c['parameter']}={c['value']:g} ({select_on.metric} {c['score']:.3f})" for f, c in chosen.items())
+    return f"{table}\nChosen on {select_on.task}: {picks}\n"
+
+
+def write_reports(out: Path, recipe_name: str, results: dict, tasks: list[str], meta: dict, variants: list[Variant],
+                  select_on: SelectSpec | None = None) -> None:
+    """Write results.json, report.md, report.png and the sweep figures into `out`, each atomically."""
+    chosen = select(results, variants, select_on)
+    selection = {"selection": {"on": select_on.model_dump(), "chosen": chosen}} if chosen else {}
+    atomic_write_bytes(out / "results.json", (json.dumps({**meta, **selection, "results": results}, indent=2) + "\n").encode())
     note = "Cells: lm-eval's metric ± its stderr (where lm-eval gives one); the plot shows the metrics that lie in [0, 1]."
-    atomic_write_bytes(out / "report.md", f"# {recipe_name}\n\n{note}\n\n{table}".encode())
-    atomic_write_bytes(out / "report.png", _bars(results, tasks, recipe_name))
+    text = f"# {recipe_name}\n\n{note}\n\n{main_table(results, tasks, variants, select_on)}"
+    if chosen:
+        text += f"\n## Every configuration (the swept values too; {select_on.task} chose among them)\n\n{markdown_table(results, tasks)}"
+    elif families(variants):
+        text += "\nNo `evaluate.select_on`: every swept value is shown; name a validation task to choose one.\n"
+    atomic_write_bytes(out / "report.md", text.encode())
+    main = {v: results[v] for v in main_rows(variants, chosen)}
+    atomic_write_bytes(out / "report.png", _bars(main, tasks, recipe_name))
+    if families(variants):
+        for name, png in sweep_figures(results, variants, metric_columns(results, tasks), chosen).items():
+            atomic_write_bytes(out / name, png)
 
 
 def _bars(results: dict, tasks: list[str], title: str) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -24,8 +25,9 @@ from logitcomp.io import atomic_dir, atomic_write_bytes
 
 from .output import check_output, check_recorded_recipe, output_lock
 from .recipe import Recipe, RecipeError, ResolvedPaths, load_recipe
-from .report import markdown_table, write_reports
-from .variants import Variant, lm_eval_model, plan
+from .plan import Variant, plan
+from .report import main_table, write_reports
+from .variants import ModelPool, lm_eval_model
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +66,7 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
         raise RecipeError(str(exc)) from None
     if paths.include_path and not paths.include_path.is_dir():
         raise RecipeError(f"evaluate.include_path: {paths.include_path} is not a folder")
-    if any(v in recipe.variants for v in ("merged", "merged_lora")):
-        methods = bridge.merge_methods()
-        if recipe.merge.method not in methods:
-            raise RecipeError(f"merge.method: unknown merge method {recipe.merge.method!r}; mergekit has {sorted(methods)}")
+    _check_merges(recipe, bridge.merge_methods() if any(v.kind == "merged" for v in plan(recipe)) else {})
     if not check_tasks:
         return
     manager = task_manager(paths, list(recipe.evaluate.tasks))
@@ -84,6 +83,22 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
             check_opt_in()  # fail now, not after the first variant's generations
         except PermissionError as exc:
             raise RecipeError(f"evaluate.confirm_run_unsafe_code: {exc}") from None
+
+
+def _check_merges(recipe: Recipe, methods: dict) -> None:
+    """Every merged row's mergekit method and parameter names (a sweep's too) against mergekit's registry."""
+    for row in plan(recipe):
+        if row.kind != "merged":
+            continue
+        field = "merge" if row.name == "merged" and not row.family else f"variants: {row.family or row.name}"
+        if row.method not in methods:
+            raise RecipeError(f"{field}.method: unknown merge method {row.method!r}; mergekit has {sorted(methods)}")
+        takes = [p.name for p in methods[row.method].spec.parameters if p.name != "weight"]
+        for key in row.parameters:
+            if key not in takes:
+                what = "sweep" if row.swept and row.swept[0] == key else "parameters"
+                raise RecipeError(f"{field}.{what}: mergekit's {row.method} takes {', '.join(takes) or 'no parameters'}"
+                                  f"{' (each expert weight is experts.NAME.weight)' if key == 'weight' else ''}, got {key!r}")
 
 
 def _check_masks(recipe: Recipe, vocab: int | None) -> None:
@@ -148,14 +163,18 @@ def task_manager(paths: ResolvedPaths, tasks: list[str]):
     return TaskManager(include_path=str(paths.include_path) if paths.include_path else None)
 
 
-def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
+def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool) -> dict:
     """Run lm-eval on one variant; write lm-eval's outputs; return {task: metrics}."""
+    start = time.perf_counter()
+    with pool.model(variant) as model:
+        return {**_evaluate(lm_eval_model(model, recipe, paths), variant, recipe, paths), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _evaluate(lm, variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
     ev = recipe.evaluate
-    start = time.perf_counter()
-    lm = lm_eval_model(variant, recipe, paths)
     results = simple_evaluate(model=lm, tasks=list(ev.tasks), task_manager=task_manager(paths, list(ev.tasks)), limit=ev.limit,
                               num_fewshot=ev.num_fewshot, gen_kwargs=dict(ev.gen_kwargs) or None, log_samples=True,
                               confirm_run_unsafe_code=ev.confirm_run_unsafe_code)
@@ -165,15 +184,14 @@ def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> 
         tracker.save_results_aggregated(results=results, samples=samples)
         for task in results["configs"]:
             tracker.save_results_samples(task_name=task, samples=samples[task])
-    metrics = {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}
-    return {"metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
+    return {"metrics": {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}}
 
 
 def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=print) -> dict | None:
     """Evaluate every variant of a recipe and write the reports. Returns the results (None on a dry run)."""
     recipe, paths = load_recipe(recipe_path)
     out = paths.output
-    check_recorded_recipe(out, recipe.to_yaml(), force)
+    check_recorded_recipe(out, recipe, force)
     check_inputs(recipe, paths)
     check_output(paths)
     variants = plan(recipe)
@@ -181,7 +199,7 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
         echo(f"recipe {recipe.name}: {len(variants)} variants x {len(recipe.evaluate.tasks)} tasks -> {out}")
         for v in variants:
             done = inside(out, "variants", f"{v.name}.json").exists() and not force
-            echo(f"  {v.name:<14} {v.kind:<12} {'done, skipped' if done else 'to run'}")
+            echo(f"  {v.name:<24} {v.kind:<12} {'done, skipped' if done else 'to run'}")
         return None
     check_device(recipe.evaluate.device)
     paths.fetch()
@@ -193,19 +211,29 @@ def _run(recipe: Recipe, paths: ResolvedPaths, variants: list[Variant], force: b
     out = paths.output
     atomic_write_bytes(out / "recipe.yaml", recipe.to_yaml().encode())
     results, timings = {}, {}
-    for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant"):
-        done = inside(out, "variants", f"{v.name}.json")
-        inputs = input_state(v, recipe, paths)
-        record = json.loads(done.read_text()) if done.exists() and not force else None
-        if record is not None and record.get("inputs") != inputs:
-            echo(f"variants/{v.name}.json: {_changed(record.get('inputs') or {}, inputs)} changed since it was made; running it again")
-            record = None
-        if record is None:
-            record = {**evaluate_variant(v, recipe, paths), "inputs": inputs}
-            atomic_write_bytes(done, (json.dumps(record, indent=2) + "\n").encode())
-        results[v.name], timings[v.name] = record["metrics"], record["seconds"]
+    # mergekit's LoRA experts merged into the base, shared by the run's merges (inputs cannot change within a
+    # run: see input_state); a `.partial-` folder, so a killed run's copy is swept by the next run's lock
+    with tempfile.TemporaryDirectory(prefix=".run.partial-lora-cache-", dir=out) as cache:
+        pool = ModelPool(recipe, paths, Path(cache))
+        for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant"):
+            results[v.name], timings[v.name] = _variant(v, recipe, paths, pool, force, echo)
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}
     meta = {"recipe": recipe.model_dump(mode="json"), "versions": packages, "seconds": timings}
-    write_reports(out, recipe.name, results, list(recipe.evaluate.tasks), meta)
-    echo(markdown_table(results, list(recipe.evaluate.tasks)))
+    tasks = list(recipe.evaluate.tasks)
+    write_reports(out, recipe.name, results, tasks, meta, variants, recipe.evaluate.select_on)
+    echo(main_table(results, tasks, variants, recipe.evaluate.select_on))
     return results
+
+
+def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo) -> tuple[dict, float]:
+    """One row's metrics and seconds: reused from variants/NAME.json while its inputs are unchanged, else evaluated."""
+    done = inside(paths.output, "variants", f"{v.name}.json")
+    inputs = input_state(v, recipe, paths)
+    record = json.loads(done.read_text()) if done.exists() and not force else None
+    if record is not None and record.get("inputs") != inputs:
+        echo(f"variants/{v.name}.json: {_changed(record.get('inputs') or {}, inputs)} changed since it was made; running it again")
+        record = None
+    if record is None:
+        record = {**evaluate_variant(v, recipe, paths, pool), "inputs": inputs}
+        atomic_write_bytes(done, (json.dumps(record, indent=2) + "\n").encode())
+    return record["metrics"], record["seconds"]

@@ -1,34 +1,22 @@
-"""The rows of a comparison: variant kinds and, per kind, how its model is built for lm-eval.
+"""The models of a run's rows, built for lm-eval; the base is loaded once per run.
 
-A registry (kind -> builder) rather than if/elif on strings: a new kind is one function and one
-entry in `KINDS`. Nothing here imports torch until a model is built.
+`ModelPool` holds the run's base model and wraps it, at the first LoRA row, in one PeftModel that
+holds every LoRA expert (and each merged_lora row's adapter while that row is evaluated): the base
+row runs with the adapters disabled, an expert row with its adapter active, a composed row as
+`ComposedModelForCausalLM` over the same PeftModel. Full-model experts and mergekit merges are
+loaded per row and dropped after it. Nothing here imports torch until a model is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from logitcomp.inputs import expert_kind
 
+from .plan import Variant, plan
 from .recipe import Recipe, ResolvedPaths
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One row of the comparison: `kind` is a key of `KINDS`."""
-
-    name: str
-    kind: str
-
-
-def plan(recipe: Recipe) -> list[Variant]:
-    """The recipe's rows in order; `experts` expands into one row per expert."""
-    rows = []
-    for v in recipe.variants:
-        rows += [Variant(n, "expert") for n in recipe.experts] if v == "experts" else [Variant(v, v)]
-    return rows
 
 
 def _options(recipe: Recipe):
@@ -38,26 +26,8 @@ def _options(recipe: Recipe):
     return LoadOptions(None if ev.dtype == "auto" else ev.dtype, ev.device, recipe.allow_pickle, recipe.trust_remote_code)
 
 
-def _base_model(recipe: Recipe, paths: ResolvedPaths):
-    from logitcomp.loading import load_model
-
-    return load_model("base", paths.base, _options(recipe))
-
-
-def _with_adapter(recipe: Recipe, paths: ResolvedPaths, adapter: Path, label: str):
-    from peft import PeftModel
-
-    from logitcomp.weightfiles import check_finite
-
-    check_finite(label, adapter)
-    try:
-        return PeftModel.from_pretrained(_base_model(recipe, paths), adapter)
-    except RuntimeError as exc:  # torch's "size mismatch for ..." (check_inputs compares the shapes first)
-        raise ValueError(f"{label}: {adapter} does not fit the base {paths.base} ({str(exc).strip().splitlines()[-1]})") from None
-
-
 def load_composed(recipe: Recipe, paths: ResolvedPaths, config=None):
-    """The recipe's composed model (with `config`: that CompositionConfig instead of the recipe's)."""
+    """The recipe's composed model loaded on its own (with `config`: that CompositionConfig instead of the recipe's)."""
     from logitcomp import ComposedModelForCausalLM
 
     o = _options(recipe)
@@ -65,51 +35,100 @@ def load_composed(recipe: Recipe, paths: ResolvedPaths, config=None):
                                                  device=o.device, allow_pickle=o.allow_pickle, trust_remote_code=o.trust_remote_code)
 
 
-def build_merges(recipe: Recipe, paths: ResolvedPaths, kinds=("merged", "merged_lora")) -> dict[str, Path]:
-    """Build the recipe's parameter-space models into OUTPUT/models (mergekit and merge-as-LoRA)."""
+def build_merge(variant: Variant, recipe: Recipe, paths: ResolvedPaths, lora_cache: Path | None = None) -> Path:
+    """Build a merged or merged_lora row's model into OUTPUT/models/NAME (mergekit, or merge-as-LoRA).
+    `lora_cache`: a folder mergekit keeps the LoRA experts merged into the base in, shared by a run's merges."""
     import bridge
 
-    weights = {n: e.weight for n, e in recipe.experts.items()}
-    built = {}
-    if "merged" in kinds:
-        built["merged"] = bridge.task_arithmetic(paths.base, paths.experts, paths.output / "models" / "merged", weights,
-                                                 recipe.merge.method, recipe.merge.parameters, device=recipe.evaluate.device)
-    if "merged_lora" in kinds and recipe.merge.lora:
-        built["merged_lora"] = bridge.merge_as_lora(paths.base, paths.experts, paths.output / "models" / "merged_lora", weights)
-    return built
+    out = paths.output / "models" / variant.name
+    if variant.kind == "merged":
+        return bridge.task_arithmetic(paths.base, paths.experts, out, variant.weights, variant.method, variant.parameters,
+                                      device=recipe.evaluate.device, lora_cache=lora_cache)
+    return bridge.merge_as_lora(paths.base, paths.experts, out, variant.weights)
 
 
-def _expert(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
-    from logitcomp.loading import load_model
-
-    path = paths.experts[variant.name]
-    if expert_kind(variant.name, path) == "lora":
-        return _with_adapter(recipe, paths, path, f"experts.{variant.name}")
-    return load_model(f"experts.{variant.name}", path, _options(recipe))
-
-
-def _merged(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
-    from logitcomp.loading import load_model
-
-    return load_model("merged", build_merges(recipe, paths, ("merged",))["merged"], _options(recipe))
+def build_merges(recipe: Recipe, paths: ResolvedPaths) -> dict[str, Path]:
+    """Every merged and merged_lora row of the recipe (`logitcomp merge`); the default pair when it lists none."""
+    rows = [v for v in plan(recipe) if v.kind in ("merged", "merged_lora")]
+    if not rows:
+        defaults = [v for v in ("merged", "merged_lora") if v == "merged" or recipe.merge.lora]
+        rows = plan(recipe.model_copy(update={"variants": defaults}))
+    return {v.name: build_merge(v, recipe, paths) for v in rows}
 
 
-def _merged_lora(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
-    return _with_adapter(recipe, paths, build_merges(recipe, paths, ("merged_lora",))["merged_lora"], "merged_lora")
+class ModelPool:
+    """The models of one run's rows; `model(row)` is a context holding the row's model ready for lm-eval."""
+
+    def __init__(self, recipe: Recipe, paths: ResolvedPaths, lora_cache: Path | None = None):
+        self.recipe, self.paths, self.lora_cache = recipe, paths, lora_cache
+        self._base = self._peft = None
+        self._lora = [n for n, p in paths.experts.items() if expert_kind(n, p) == "lora"]
+
+    def _base_model(self):
+        from logitcomp.loading import load_model
+
+        if self._base is None:
+            self._base = load_model("base", self.paths.base, _options(self.recipe))
+        return self._base
+
+    def _attach(self, adapter: str, path: Path, label: str):
+        """Load one adapter into the shared PeftModel (made around the base at the first one)."""
+        from logitcomp.loading import attach_lora
+        from logitcomp.weightfiles import check_finite
+
+        check_finite(label, path)
+        try:
+            self._peft = attach_lora(self._peft or self._base_model(), adapter, path, self.paths.base, _options(self.recipe))
+        except ValueError as exc:
+            raise ValueError(f"{label}: {exc}") from None
+
+    def _peft_model(self):
+        """The PeftModel holding every LoRA expert (None when the recipe has none and no merged_lora row came yet)."""
+        for name in self._lora:
+            if self._peft is None or name not in self._peft.peft_config:
+                self._attach(name, self.paths.experts[name], f"experts.{name}")
+        return self._peft
+
+    def _full_expert(self, name: str):
+        from logitcomp.loading import check_same_vocabulary, load_model
+
+        model = load_model(f"experts.{name}", self.paths.experts[name], _options(self.recipe))
+        check_same_vocabulary(name, self.paths.experts[name], self.paths.base, model, self._base_model())
+        return model
+
+    @contextlib.contextmanager
+    def model(self, row: Variant) -> Iterator:
+        """Yield the model lm-eval scores for `row` (adapters of the shared PeftModel are set for the row inside)."""
+        from logitcomp import ComposedModelForCausalLM
+        from logitcomp.loading import load_model
+
+        peft = self._peft_model()
+        if row.kind == "base":
+            with peft.disable_adapter() if peft is not None else contextlib.nullcontext():
+                yield self._base_model() if peft is None else peft
+        elif row.kind == "expert" and row.name in self._lora:
+            peft.set_adapter(row.name)
+            yield peft
+        elif row.kind == "expert":
+            yield self._full_expert(row.name)
+        elif row.kind == "composed":
+            full = {n: self._full_expert(n) for n in self.paths.experts if n not in self._lora}
+            sources = {"base": str(self.paths.base), "full": {n: str(self.paths.experts[n]) for n in full}}
+            yield ComposedModelForCausalLM(peft if peft is not None else self._base_model(), list(self.paths.experts), full, row.config, sources)
+        elif row.kind == "merged":
+            yield load_model(row.name, build_merge(row, self.recipe, self.paths, self.lora_cache), _options(self.recipe))
+        else:  # merged_lora: its adapter joins the shared PeftModel for this row only
+            adapter = f"merged_lora_{len(self._peft.peft_config) if self._peft else 0}"  # peft names cannot hold '.' or '['
+            self._attach(adapter, build_merge(row, self.recipe, self.paths), row.name)
+            try:
+                self._peft.set_adapter(adapter)
+                yield self._peft
+            finally:
+                self._peft.delete_adapter(adapter)
 
 
-# kind -> (variant, recipe, paths) -> the model lm-eval scores; `composed` is the one with its own lm-eval class
-KINDS: dict[str, Callable] = {
-    "base": lambda variant, recipe, paths: _base_model(recipe, paths),
-    "expert": _expert,
-    "composed": lambda variant, recipe, paths: load_composed(recipe, paths),
-    "merged": _merged,
-    "merged_lora": _merged_lora,
-}
-
-
-def lm_eval_model(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
-    """The lm-eval model of one variant: `LogitcompLM` for a composition, HFLM for every plain model."""
+def lm_eval_model(model, recipe: Recipe, paths: ResolvedPaths):
+    """The lm-eval model over `model`: `LogitcompLM` for a composition, HFLM for every plain model."""
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoTokenizer
 
@@ -118,6 +137,5 @@ def lm_eval_model(variant: Variant, recipe: Recipe, paths: ResolvedPaths):
     from .harness import LogitcompLM
 
     tokenizer = AutoTokenizer.from_pretrained(paths.base, trust_remote_code=recipe.trust_remote_code)
-    model = KINDS[variant.kind](variant, recipe, paths)
     lm_class = LogitcompLM if isinstance(model, ComposedModelForCausalLM) else HFLM
     return lm_class(pretrained=model.eval(), tokenizer=tokenizer, batch_size=recipe.evaluate.batch_size)

@@ -4,7 +4,8 @@
 
 For each seed's world (built or reused as in scripts/toy_composition.py) and each rule with each
 candidate parameter (GRID), greedy exact match of the composition of the task's experts on the pair
-(a2b_c2d) and triple (a2b_c2d_e2f) tasks: on VALIDATION strings (seed 4321, 100 per task) for every
+(a2b_c2d) and triple (a2b_c2d_e2f) tasks: on the validation strings (toy.make_validation_set: seed 4321,
+100 per task, none of them a test string; the shipped toy_*_val tasks) for every
 candidate, then on the shipped test strings (seed 1234, 200 per task) for the one candidate per
 rule with the best mean validation score over both tasks and every seed (ties: the first in GRID).
 The test strings never choose anything. Writes OUT/rules.json and OUT/rules.md.
@@ -21,11 +22,10 @@ from transformers import AutoTokenizer
 
 from logitcomp import ComposedModelForCausalLM, CompositionConfig
 from logitcomp.io import atomic_write_bytes
-from merging.worlds.toy import TASKS, make_eval_set
+from merging.worlds.toy import TASKS, make_eval_set, make_validation_set
 from merging.worlds.toy.evaluate import exact_match
 from toy_composition import EVAL_TASKS, world_for
 
-VALIDATION_SEED, VALIDATION_SIZE = 4321, 100
 GRID: dict[str, list[dict]] = {
     "product": [{}],
     "tempered": [{"scale": s} for s in (0.5, 0.75)],
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--rules", nargs="+", default=list(GRID), help="a subset of the rules in GRID")
     args = parser.parse_args()
     tasks = {t.name: t for t in TASKS}
-    val = {label: make_eval_set(tasks["_".join(r)], VALIDATION_SIZE, VALIDATION_SEED) for label, r in EVAL_TASKS.items()}
+    val = {label: make_validation_set(tasks["_".join(r)]) for label, r in EVAL_TASKS.items()}
     test = {label: make_eval_set(tasks["_".join(r)]) for label, r in EVAL_TASKS.items()}
     worlds = {seed: world_for(args.worlds.resolve(), args.variant, seed) for seed in args.seeds}
     validation, chosen, results = {}, {}, {}

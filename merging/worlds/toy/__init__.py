@@ -8,6 +8,6 @@ from logitcomp.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".build": ("ACCURACY_BAR", "ToyBuildError", "ToyConfig", "ToyWorld", "build_toy_world", "ensure_toy_world"),
-    ".data": ("RULES", "TASKS", "apply_rules", "make_eval_set", "write_task_files"),
+    ".data": ("RULES", "TASKS", "apply_rules", "make_eval_set", "make_validation_set", "write_task_files"),
     ".tokenizer": ("make_tokenizer",),
 })

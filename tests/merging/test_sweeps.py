@@ -1,0 +1,156 @@
+"""Recipes with named variants and sweeps (issue 15): expansion, selection on a validation task, and
+one run on the tiny world whose numbers are checked against separately loaded models."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from merging.plan import plan
+from merging.recipe import Recipe, RecipeError, SelectSpec
+from merging.sweeps import main_rows, select
+
+TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
+
+
+def _recipe(**changes) -> Recipe:
+    data = {"name": "s", "base": "b", "experts": {"a": {"path": "a", "weight": 2.0}, "b": "b"},
+            "compose": {"rule": "activity", "rule_params": {"gamma": 3}}, "merge": {"method": "ties", "parameters": {"density": 0.3}},
+            "evaluate": {"tasks": ["val", "test"]}, "output": "o", **changes}
+    return Recipe.model_validate(data)
+
+
+def test_sweeps_expand_into_one_row_per_value_with_their_settings():
+    recipe = _recipe(variants=[
+        "base", "experts", "composed", "merged",
+        {"name": "all_eos", "kind": "composed", "eos_policy": "all"},
+        {"name": "prod", "kind": "composed", "rule": "product", "sweep": {"lambda": [0.5, 1.5]}},
+        {"name": "act", "kind": "composed", "sweep": {"gamma": [0.5, 8]}},
+        {"name": "ta", "kind": "merged", "method": "task_arithmetic", "parameters": {}, "sweep": {"lambda": [0.3, 1]}},
+        {"name": "dense", "kind": "merged", "sweep": {"density": [0.2, 0.9]}},
+        {"name": "lora", "kind": "merged_lora", "sweep": {"lambda": [0.25]}},
+    ])
+    rows = {v.name: v for v in plan(recipe)}
+    assert list(rows) == ["base", "a", "b", "composed", "merged", "all_eos", "prod[lambda=0.5]", "prod[lambda=1.5]", "act[gamma=0.5]",
+                          "act[gamma=8]", "ta[lambda=0.3]", "ta[lambda=1]", "dense[density=0.2]", "dense[density=0.9]", "lora[lambda=0.25]"]
+    # the recipe's blocks where a row sets nothing; a row's own options over them
+    assert (rows["composed"].config.rule, rows["composed"].config.rule_params, rows["composed"].config.weights) == \
+        ("activity", {"gamma": 3.0}, {"a": 2.0, "b": 1.0})
+    assert (rows["all_eos"].config.eos_policy, rows["all_eos"].config.rule) == ("all", "activity")
+    assert (rows["merged"].method, rows["merged"].parameters) == ("ties", {"density": 0.3})
+    # λ scales every expert's weight (composed, merged_lora); for mergekit it is the method's own `lambda`
+    assert rows["prod[lambda=1.5]"].config.weights == {"a": 3.0, "b": 1.5} and rows["prod[lambda=1.5]"].config.rule_params == {}
+    assert rows["act[gamma=8]"].config.rule_params == {"gamma": 8.0} and rows["act[gamma=8]"].config.weights == {"a": 2.0, "b": 1.0}
+    assert (rows["ta[lambda=0.3]"].method, rows["ta[lambda=0.3]"].parameters, rows["ta[lambda=0.3]"].weights) == \
+        ("task_arithmetic", {"lambda": 0.3}, {"a": 2.0, "b": 1.0})
+    assert rows["dense[density=0.9]"].parameters == {"density": 0.9} and rows["dense[density=0.9]"].method == "ties"
+    assert rows["lora[lambda=0.25]"].weights == {"a": 0.5, "b": 0.25}
+    assert {v.family for v in rows.values()} == {None, "prod", "act", "ta", "dense", "lora"}
+    assert Recipe.model_validate(yaml.safe_load(recipe.to_yaml())) == recipe  # the recorded recipe round-trips
+
+
+def _rows(recipe_variants):
+    return plan(_recipe(variants=recipe_variants))
+
+
+def test_selection_is_the_validation_argmax_and_reports_that_values_test_score():
+    rows = _rows(["base", {"name": "ta", "kind": "merged", "sweep": {"lambda": [0.3, 0.5, 0.7, 1.0]}},
+                  {"name": "w", "kind": "composed", "sweep": {"lambda": [0.5, 1.0, 2.0]}}])
+    val = {"base": 0.1, "ta[lambda=0.3]": 0.2, "ta[lambda=0.5]": 0.6, "ta[lambda=0.7]": 0.6, "ta[lambda=1]": float("nan"),
+           "w[lambda=0.5]": 0.9, "w[lambda=1]": 0.4, "w[lambda=2]": 0.95}
+    test = {"base": 0.0, "ta[lambda=0.3]": 0.9, "ta[lambda=0.5]": 0.1, "ta[lambda=0.7]": 0.99, "ta[lambda=1]": 1.0,
+            "w[lambda=0.5]": 0.5, "w[lambda=1]": 1.0, "w[lambda=2]": 0.2}
+    results = {n: {"val": {"exact_match,none": val[n]}, "test": {"exact_match,none": test[n]}} for n in val}
+    chosen = select(results, rows, SelectSpec(task="val", metric="exact_match"))
+    # the argmax on validation (a tie goes to the first value listed, NaN never wins), whatever the test says
+    assert {f: c["variant"] for f, c in chosen.items()} == {"ta": "ta[lambda=0.5]", "w": "w[lambda=2]"}
+    assert chosen["ta"]["value"] == 0.5 and chosen["ta"]["score"] == 0.6
+    assert [results[chosen[f]["variant"]]["test"]["exact_match,none"] for f in ("ta", "w")] == [0.1, 0.2]
+    assert main_rows(rows, chosen) == ["base", "ta[lambda=0.5]", "w[lambda=2]"]
+    lower = select(results, rows, SelectSpec(task="val", metric="exact_match,none", higher_is_better=False))
+    assert {f: c["variant"] for f, c in lower.items()} == {"ta": "ta[lambda=0.3]", "w": "w[lambda=1]"}
+    assert select(results, rows, None) == {} and main_rows(rows, {}) == [v.name for v in rows]
+    two = {n: {"val": {"exact_match,strict": 1.0, "exact_match,flexible": 0.0}} for n in val}
+    with pytest.raises(RecipeError, match=r"select_on\.metric: val reports exact_match,flexible, exact_match,strict; name one of them"):
+        select(two, rows, SelectSpec(task="val", metric="exact_match"))
+    with pytest.raises(RecipeError, match=r"select_on\.metric: val reports .*; got 'accuracy'"):
+        select(results, rows, SelectSpec(task="val", metric="accuracy"))
+
+
+def _bits_per_byte(model, tokenizer) -> float:
+    """smol_text's bits per byte (4 documents) of a model loaded on its own, through lm-eval."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from merging.harness import LogitcompLM
+
+    lm = (LogitcompLM if hasattr(model, "composition") else HFLM)(pretrained=model.eval(), tokenizer=tokenizer, batch_size=4)
+    out = simple_evaluate(model=lm, tasks=["smol_text"], limit=4, task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
+    return out["results"]["smol_text"]["bits_per_byte,none"]
+
+
+def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_models(tiny, tmp_path, monkeypatch):
+    """Every row comes from one base loaded once (LoRA rows as adapters of one PeftModel); its numbers
+    equal those of each model loaded on its own, and λ means what the recipe says for each kind."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import bridge
+    from logitcomp import ComposedModelForCausalLM, CompositionConfig
+    import logitcomp.loading
+    from merging.runner import run_recipe
+
+    loads = []
+    real_load = logitcomp.loading.load_model
+    monkeypatch.setattr(logitcomp.loading, "load_model", lambda label, *a: loads.append(label) or real_load(label, *a))
+
+    recipe = {"name": "sweep", "base": str(tiny.base), "experts": {"a": str(tiny.adapters["a"]), "b": str(tiny.adapters["b"])},
+              "evaluate": {"tasks": ["smol_text", "toy_a2b_c2d"], "include_path": str(TASKS), "limit": 4, "batch_size": 4,
+                           "select_on": {"task": "smol_text", "metric": "bits_per_byte", "higher_is_better": False}},
+              "variants": ["base", "experts", {"name": "w", "kind": "composed", "sweep": {"lambda": [0.5, 1.0, 1.5]}},
+                           {"name": "ta", "kind": "merged", "sweep": {"lambda": [0.5, 1.0]}},
+                           {"name": "lora", "kind": "merged_lora", "sweep": {"lambda": [0.5]}}],
+              "output": "out"}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    results = run_recipe(path, echo=lambda *_: None)
+    assert len(results) == 9 and loads == ["base", "ta[lambda=0.5]", "ta[lambda=1]"]  # the base once; each mergekit merge once
+    monkeypatch.undo()
+    out = tmp_path / "out"
+    bpb = {name: r["smol_text"]["bits_per_byte,none"] for name, r in results.items()}
+
+    tok = AutoTokenizer.from_pretrained(tiny.base)
+    base = lambda: AutoModelForCausalLM.from_pretrained(tiny.base)  # noqa: E731
+    experts = {"a": tiny.adapters["a"], "b": tiny.adapters["b"]}
+    reference = {
+        "base": _bits_per_byte(base(), tok),
+        "a": _bits_per_byte(PeftModel.from_pretrained(base(), tiny.adapters["a"]), tok),
+        "w[lambda=0.5]": _bits_per_byte(ComposedModelForCausalLM.from_experts(tiny.base, experts, config=CompositionConfig(weights={"a": 0.5, "b": 0.5})), tok),
+        "w[lambda=1.5]": _bits_per_byte(ComposedModelForCausalLM.from_experts(tiny.base, experts, {"a": 1.5, "b": 1.5}), tok),
+        # mergekit's lambda 0.5 is task arithmetic with every weight halved, and merge-as-LoRA with weights 0.5
+        "ta[lambda=0.5]": _bits_per_byte(AutoModelForCausalLM.from_pretrained(
+            bridge.task_arithmetic(tiny.base, experts, tmp_path / "ref_ta", {"a": 0.5, "b": 0.5})), tok),
+        "lora[lambda=0.5]": _bits_per_byte(AutoModelForCausalLM.from_pretrained(
+            bridge.task_arithmetic(tiny.base, experts, tmp_path / "ref_ta", {"a": 0.5, "b": 0.5})), tok),
+    }
+    for name, expected in reference.items():
+        assert math.isclose(bpb[name], expected, rel_tol=1e-5), (name, bpb[name], expected)
+    assert bpb["w[lambda=0.5]"] != bpb["w[lambda=1.5]"]  # the sweep changes the model
+
+    saved = json.loads((out / "results.json").read_text())["selection"]
+    best = {f: min((n for n in bpb if n.startswith(f + "[")), key=lambda n: (bpb[n], list(bpb).index(n))) for f in ("w", "ta", "lora")}
+    assert {f: c["variant"] for f, c in saved["chosen"].items()} == best
+    report = (out / "report.md").read_text()
+    main, grid = report.split("## Every configuration")
+    swept_rows = [line.split(" | ")[0][2:] for line in main.splitlines() if line.startswith("| ") and "[" in line]
+    assert swept_rows == list(best.values())  # one row per family in the main table, the chosen one
+    header = next(line for line in main.splitlines() if line.startswith("| variant"))
+    assert "smol_text" not in header and "smol_text" in grid  # the validation task only in the full grid
+    assert all(f"| {n} |" in grid for n in results)
+    assert {p.name for p in out.glob("sweep_*.png")} == {"sweep_smol_text.png", "sweep_toy_a2b_c2d.png"}
+    assert not list(out.rglob(".*partial*"))  # the shared LoRA-merge cache is gone after the run
