@@ -78,13 +78,16 @@ def mergekit_config(base, experts: dict, weights: dict | None = None, method: st
 
 
 def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, method: str = "task_arithmetic",
-                    parameters: dict | None = None, *, device: str = "cpu", dtype: str = "float32", lora_cache=None) -> Path:
+                    parameters: dict | None = None, *, device: str = "cpu", dtype: str = "float32", lora_cache=None,
+                    options: dict | None = None) -> Path:
     """Merge experts into their base with mergekit and write a Hugging Face model folder.
 
     With the default method, θ = θ_b + Σ_i w_i · Δθ_i (for LoRA experts Δθ_i = s_i B_i A_i).
     The folder holds safetensors weights, config, tokenizer and `mergekit_config.yml`.
     `lora_cache`: a folder where mergekit keeps each LoRA expert merged into the base, shared by
     several merges of the same, unchanged experts (a sweep); by default a fresh one per call.
+    `options`: more of mergekit's MergeOptions (low_cpu_memory, out_shard_size, ...); `random_seed`
+    defaults to 0, so that randomised methods (dare_ties) merge the same way at every call.
 
     Returns:
         The output folder (absolute).
@@ -106,9 +109,9 @@ def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, m
     fresh = tempfile.TemporaryDirectory(prefix=f".{out.name}.partial-lora-cache-", dir=out.parent) if lora_cache is None else None
     with atomic_dir(out) as tmp, fresh or contextlib.nullcontext(str(lora_cache)) as cache:
         LoaderCache().loaders.clear()  # a changed adapter at the same path must not be served stale
-        options = MergeOptions(lora_merge_cache=cache, write_model_card=False, copy_tokenizer=True,
-                               cuda=device.startswith("cuda"), device=device, quiet=True)
-        run_merge(merge_config, str(tmp), options)
+        settings = MergeOptions(**{"random_seed": 0, **(options or {}), "lora_merge_cache": cache, "write_model_card": False,
+                                   "copy_tokenizer": True, "cuda": device.startswith("cuda"), "device": device, "quiet": True})
+        run_merge(merge_config, str(tmp), settings)
         LoaderCache().loaders.clear()
         try:  # NaN/inf in the base or a full expert shows up in the result (reading it back once is cheap)
             check_finite("merged", tmp)

@@ -73,10 +73,22 @@ def _composition(compose: dict, weights: dict | None = None) -> CompositionConfi
     return CompositionConfig(**compose, weights=dict(weights or {}))
 
 
+class MergeOptionsSpec(_Strict):
+    """mergekit's own options (its MergeOptions) for big models; the runner sets the device and caches."""
+
+    low_cpu_memory: bool = False  # write each tensor as soon as it is merged
+    lazy_unpickle: bool = False  # mergekit's lazy loader of pickled .bin weights (with allow_pickle)
+    out_shard_size: int = Field(default=5_000_000_000, ge=1 << 20)  # bytes per output safetensors shard
+    random_seed: int = 0  # randomised methods (dare_ties, della, ...) give the same merge at every run
+    read_to_gpu: bool = False
+    multi_gpu: bool = False
+
+
 class MergeSpec(_Strict):
     method: str = "task_arithmetic"
     parameters: dict[str, Any] = Field(default_factory=dict)
     lora: bool = True  # also build merge-as-LoRA (the merged_lora variant)
+    options: MergeOptionsSpec = MergeOptionsSpec()
 
 
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")

@@ -43,7 +43,7 @@ def build_merge(variant: Variant, recipe: Recipe, paths: ResolvedPaths, lora_cac
     out = paths.output / "models" / variant.name
     if variant.kind == "merged":
         return bridge.task_arithmetic(paths.base, paths.experts, out, variant.weights, variant.method, variant.parameters,
-                                      device=recipe.evaluate.device, lora_cache=lora_cache)
+                                      device=recipe.evaluate.device, lora_cache=lora_cache, options=recipe.merge.options.model_dump())
     return bridge.merge_as_lora(paths.base, paths.experts, out, variant.weights)
 
 

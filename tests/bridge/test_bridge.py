@@ -121,6 +121,20 @@ def test_other_mergekit_methods_pass_through(tiny, tmp_path, method):
     assert recorded["merge_method"] == method and recorded["parameters"] == {"density": 0.9}
 
 
+def test_randomised_merges_are_seeded_and_mergekit_options_pass_through(tiny, tmp_path):
+    """dare_ties drops random entries: the same seed (0 unless the recipe's merge.options says) gives the
+    same merge, another seed another one; mergekit's lambda scales the merged task vector."""
+    experts = {"a": tiny.adapters["a"], "b": tiny.adapters["b"]}
+    merge = lambda name, **options: load_file(bridge.task_arithmetic(  # noqa: E731
+        tiny.base, experts, tmp_path / name, method="dare_ties", parameters={"density": 0.5}, options=options) / "model.safetensors")
+    first, again, other = merge("first"), merge("again"), merge("other", random_seed=7)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first)
+    half = bridge.task_arithmetic(tiny.base, experts, tmp_path / "half", parameters={"lambda": 0.5}, options={"low_cpu_memory": True})
+    want = hand_task_arithmetic(tiny.base, experts, {"a": 0.5, "b": 0.5})
+    assert _max_diff(load_file(half / "model.safetensors"), want) <= 1e-6
+
+
 def test_linear_setting_task_arithmetic_equals_composition():
     """A bigram table (logits linear in the parameters): merge with w = compose with w."""
     gen = torch.Generator().manual_seed(0)
