@@ -20,7 +20,7 @@ log = logging.getLogger("logitcomp")
 def _run(args: argparse.Namespace) -> int:
     from .runner import run_recipe
 
-    run_recipe(args.recipe, force=args.force, dry_run=args.dry_run)
+    run_recipe(args.recipe, force=args.force, dry_run=args.dry_run, processes=args.processes)
     return 0
 
 
@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("recipe", metavar="RECIPE.yaml")
     run.add_argument("--force", action="store_true", help="recompute finished variants; overwrite another recipe's output")
     run.add_argument("--dry-run", action="store_true", help="print the plan without loading a model")
+    run.add_argument("--processes", type=_positive_int, default=1, metavar="N",
+                     help="data-parallel processes on this machine (torchrun); each evaluates 1/N of the requests")
     run.set_defaults(func=_run)
     validate = sub.add_parser("validate", help="check a recipe without running it")
     validate.add_argument("recipe", metavar="RECIPE.yaml")

@@ -12,6 +12,10 @@ model_args (lm-eval splits them on commas, so lists use `|` and `name:value`):
     rule=activity,rule_params=gamma:2               a composition rule and its parameters
     allow_pickle=true,trust_remote_code=true        opt-ins
 plus every HFLM argument (batch_size, max_length, ...).
+
+Under `torchrun --nproc_per_node N -m lm_eval --model logitcomp ...` (or `accelerate launch`), the
+N processes split the requests and lm-eval gathers the results on rank 0 (`merging.distributed`);
+`device=cuda` then means each process's own GPU.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from lm_eval.models.huggingface import HFLM
 from transformers import AutoTokenizer
 
 from logitcomp import ComposedModelForCausalLM, CompositionConfig
+
+from .distributed import DataParallel, local_device
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "recipes" / "tasks"
 
@@ -62,8 +68,16 @@ def _number(field: str, value) -> float:
 HFLM_ARGS = frozenset(n for n, p in inspect.signature(HFLM.__init__).parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD) - {"self"}
 
 
+class InMemoryHFLM(DataParallel, HFLM):
+    """HFLM over a model passed in memory, data parallel under a launcher (HFLM alone would not split the requests)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._join()
+
+
 @register_model("logitcomp")
-class LogitcompLM(HFLM):
+class LogitcompLM(DataParallel, HFLM):
     """lm-eval model over a `ComposedModelForCausalLM` (see the module docstring for model_args)."""
 
     def __init__(self, pretrained=None, base=None, experts=None, weights=None, eos_policy=None, floor=None, rule=None, rule_params=None,
@@ -73,6 +87,7 @@ class LogitcompLM(HFLM):
             raise ValueError(f"model_args: unknown argument {unknown[0]!r} for the logitcomp model; see logitcomp-lm-eval --help")
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             device = "cpu"  # lm-eval's CLI defaults to cuda:0; HFLM falls back to the CPU too
+        device = local_device(device)
         if dtype not in (None, "auto") and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             raise ValueError(f"dtype: expected auto, float32, float16, bfloat16 or float64, got {dtype!r}")
         options = dict(dtype=None if dtype in (None, "auto") else dtype, device=device,
@@ -95,6 +110,7 @@ class LogitcompLM(HFLM):
             raise ValueError("model_args: expected pretrained=<composed folder>, or base=<folder> and experts=name:folder|...")
         tokenizer = kwargs.pop("tokenizer", None) or AutoTokenizer.from_pretrained(composed.sources["base"])
         super().__init__(pretrained=composed, tokenizer=tokenizer, **kwargs)
+        self._join()
 
 
 def lm_eval_main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ Output folder layout:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 from logitcomp.inputs import check_base, check_expert, vocab_size
 from logitcomp.io import atomic_dir, atomic_write_bytes
 
+from .distributed import barrier, broadcast, launched, world
 from .output import check_output, check_recorded_recipe, output_lock
 from .recipe import Recipe, RecipeError, ResolvedPaths, load_recipe
 from .plan import Variant, plan
@@ -178,6 +180,8 @@ def _evaluate(lm, variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dic
     results = simple_evaluate(model=lm, tasks=list(ev.tasks), task_manager=task_manager(paths, list(ev.tasks)), limit=ev.limit,
                               num_fewshot=ev.num_fewshot, gen_kwargs=dict(ev.gen_kwargs) or None, log_samples=True,
                               confirm_run_unsafe_code=ev.confirm_run_unsafe_code)
+    if results is None:  # a rank other than 0 under a launcher: lm-eval gathered its share on rank 0
+        return {"metrics": None}
     samples = results.pop("samples")
     with atomic_dir(inside(paths.output, "lm_eval", variant.name)) as tmp:  # replaces an earlier run's outputs whole
         tracker = EvaluationTracker(output_path=str(tmp))
@@ -187,8 +191,12 @@ def _evaluate(lm, variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dic
     return {"metrics": {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}}
 
 
-def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=print) -> dict | None:
-    """Evaluate every variant of a recipe and write the reports. Returns the results (None on a dry run)."""
+def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=print, processes: int = 1) -> dict | None:
+    """Evaluate every variant of a recipe and write the reports. Returns the results (None on a dry run,
+    and on ranks other than 0). `processes` > 1 starts that many data-parallel processes through
+    torchrun; under a launcher (torchrun, accelerate launch) every process runs this, rank 0 writes."""
+    rank, _ = world()
+    echo = echo if rank == 0 else (lambda *_: None)
     recipe, paths = load_recipe(recipe_path)
     out = paths.output
     check_recorded_recipe(out, recipe, force)
@@ -202,21 +210,40 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
             echo(f"  {v.name:<24} {v.kind:<12} {'done, skipped' if done else 'to run'}")
         return None
     check_device(recipe.evaluate.device)
+    if processes > 1 and not launched():  # checked above in one process: bad input is one line, not N
+        return _relaunch(recipe_path, force, processes)
     paths.fetch()
-    with output_lock(out):
-        return _run(recipe, paths, variants, force, echo)
+    barrier()  # every rank has checked the output folder before rank 0 writes into it
+    with output_lock(out) if rank == 0 else contextlib.nullcontext():
+        return _run(recipe, paths, variants, force, echo, rank)
 
 
-def _run(recipe: Recipe, paths: ResolvedPaths, variants: list[Variant], force: bool, echo) -> dict:
+def _relaunch(recipe_path, force: bool, processes: int) -> None:
+    """`logitcomp run --processes N`: the same command as N processes of one machine, through torchrun."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               "-m", "merging.cli", "run", str(recipe_path), *(["--force"] if force else [])]
+    code = subprocess.call(command)
+    if code:
+        raise RecipeError(f"--processes {processes}: the data-parallel run failed (exit {code}); its first error is above")
+    return None
+
+
+def _run(recipe: Recipe, paths: ResolvedPaths, variants: list[Variant], force: bool, echo, rank: int = 0) -> dict | None:
     out = paths.output
-    atomic_write_bytes(out / "recipe.yaml", recipe.to_yaml().encode())
+    if rank == 0:
+        atomic_write_bytes(out / "recipe.yaml", recipe.to_yaml().encode())
     results, timings = {}, {}
     # mergekit's LoRA experts merged into the base, shared by the run's merges (inputs cannot change within a
     # run: see input_state); a `.partial-` folder, so a killed run's copy is swept by the next run's lock
-    with tempfile.TemporaryDirectory(prefix=".run.partial-lora-cache-", dir=out) as cache:
-        pool = ModelPool(recipe, paths, Path(cache))
-        for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant"):
-            results[v.name], timings[v.name] = _variant(v, recipe, paths, pool, force, echo)
+    with tempfile.TemporaryDirectory(prefix=".run.partial-lora-cache-", dir=out) if rank == 0 else contextlib.nullcontext() as cache:
+        pool = ModelPool(recipe, paths, Path(cache) if cache else None)
+        for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant", disable=rank != 0):
+            results[v.name], timings[v.name] = _variant(v, recipe, paths, pool, force, echo, rank)
+    if rank != 0:
+        return None
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}
     meta = {"recipe": recipe.model_dump(mode="json"), "versions": packages, "seconds": timings}
     tasks = list(recipe.evaluate.tasks)
@@ -225,15 +252,19 @@ def _run(recipe: Recipe, paths: ResolvedPaths, variants: list[Variant], force: b
     return results
 
 
-def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo) -> tuple[dict, float]:
-    """One row's metrics and seconds: reused from variants/NAME.json while its inputs are unchanged, else evaluated."""
+def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo, rank: int) -> tuple[dict, float]:
+    """One row's metrics and seconds: reused from variants/NAME.json while its inputs are unchanged, else
+    evaluated. Rank 0 decides, for every rank (they must run the same rows), and writes."""
     done = inside(paths.output, "variants", f"{v.name}.json")
     inputs = input_state(v, recipe, paths)
-    record = json.loads(done.read_text()) if done.exists() and not force else None
-    if record is not None and record.get("inputs") != inputs:
-        echo(f"variants/{v.name}.json: {_changed(record.get('inputs') or {}, inputs)} changed since it was made; running it again")
-        record = None
-    if record is None:
+    record = None
+    if rank == 0 and done.exists() and not force:
+        record = json.loads(done.read_text())
+        if record.get("inputs") != inputs:
+            echo(f"variants/{v.name}.json: {_changed(record.get('inputs') or {}, inputs)} changed since it was made; running it again")
+            record = None
+    if broadcast(record is None):
         record = {**evaluate_variant(v, recipe, paths, pool), "inputs": inputs}
-        atomic_write_bytes(done, (json.dumps(record, indent=2) + "\n").encode())
-    return record["metrics"], record["seconds"]
+        if rank == 0:
+            atomic_write_bytes(done, (json.dumps(record, indent=2) + "\n").encode())
+    return (record["metrics"], record["seconds"]) if rank == 0 else (None, None)

@@ -22,8 +22,10 @@ from .recipe import Recipe, ResolvedPaths
 def _options(recipe: Recipe):
     from logitcomp.loading import LoadOptions
 
+    from .distributed import local_device
+
     ev = recipe.evaluate
-    return LoadOptions(None if ev.dtype == "auto" else ev.dtype, ev.device, recipe.allow_pickle, recipe.trust_remote_code)
+    return LoadOptions(None if ev.dtype == "auto" else ev.dtype, local_device(ev.device), recipe.allow_pickle, recipe.trust_remote_code)
 
 
 def load_composed(recipe: Recipe, paths: ResolvedPaths, config=None):
@@ -96,6 +98,12 @@ class ModelPool:
         check_same_vocabulary(name, self.paths.experts[name], self.paths.base, model, self._base_model())
         return model
 
+    def _merge(self, row: Variant) -> Path:
+        """The row's merge, built by rank 0 alone under a launcher (the others wait for its folder)."""
+        from .distributed import broadcast, world
+
+        return broadcast(build_merge(row, self.recipe, self.paths, self.lora_cache) if world()[0] == 0 else None)
+
     @contextlib.contextmanager
     def model(self, row: Variant) -> Iterator:
         """Yield the model lm-eval scores for `row` (adapters of the shared PeftModel are set for the row inside)."""
@@ -116,10 +124,10 @@ class ModelPool:
             sources = {"base": str(self.paths.base), "full": {n: str(self.paths.experts[n]) for n in full}}
             yield ComposedModelForCausalLM(peft if peft is not None else self._base_model(), list(self.paths.experts), full, row.config, sources)
         elif row.kind == "merged":
-            yield load_model(row.name, build_merge(row, self.recipe, self.paths, self.lora_cache), _options(self.recipe))
+            yield load_model(row.name, self._merge(row), _options(self.recipe))
         else:  # merged_lora: its adapter joins the shared PeftModel for this row only
             adapter = f"merged_lora_{len(self._peft.peft_config) if self._peft else 0}"  # peft names cannot hold '.' or '['
-            self._attach(adapter, build_merge(row, self.recipe, self.paths), row.name)
+            self._attach(adapter, self._merge(row), row.name)
             try:
                 self._peft.set_adapter(adapter)
                 yield self._peft
@@ -128,14 +136,13 @@ class ModelPool:
 
 
 def lm_eval_model(model, recipe: Recipe, paths: ResolvedPaths):
-    """The lm-eval model over `model`: `LogitcompLM` for a composition, HFLM for every plain model."""
-    from lm_eval.models.huggingface import HFLM
+    """The lm-eval model over `model`: `LogitcompLM` for a composition, HFLM for every plain model (both data parallel under a launcher)."""
     from transformers import AutoTokenizer
 
     from logitcomp import ComposedModelForCausalLM
 
-    from .harness import LogitcompLM
+    from .harness import InMemoryHFLM, LogitcompLM
 
     tokenizer = AutoTokenizer.from_pretrained(paths.base, trust_remote_code=recipe.trust_remote_code)
-    lm_class = LogitcompLM if isinstance(model, ComposedModelForCausalLM) else HFLM
+    lm_class = LogitcompLM if isinstance(model, ComposedModelForCausalLM) else InMemoryHFLM
     return lm_class(pretrained=model.eval(), tokenizer=tokenizer, batch_size=recipe.evaluate.batch_size)
