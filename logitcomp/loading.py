@@ -31,6 +31,7 @@ class LoadOptions:
     device: str | torch.device | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    device_map: str | dict | None = None  # accelerate's placement ("auto": across the GPUs, then the CPU)
 
 
 def load_model(label: str, path: Path, options: LoadOptions):
@@ -44,9 +45,10 @@ def load_model(label: str, path: Path, options: LoadOptions):
         dtype=options.dtype,
         use_safetensors=None if options.allow_pickle else True,
         trust_remote_code=options.trust_remote_code,
+        device_map=options.device_map,
     )
     check_finite_parameters(label, path, model)
-    return model.to(options.device) if options.device is not None else model
+    return model.to(options.device) if options.device is not None and options.device_map is None else model
 
 
 @torch.no_grad()

@@ -121,7 +121,13 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.generation_config = copy.deepcopy(hf_model.generation_config)
         self._hf_model = hf_model
         self._lora = LoraStack(model, lora) if isinstance(model, PeftModel) else None
-        self._masks = self._build_masks()
+        # per-step constants live on the model's device and follow `.to()` (buffers): a decoding step
+        # copies nothing from the host (masks are bool, so `.to(dtype)` leaves them as they are)
+        self._mask_buffers = {}
+        for i, (name, mask) in enumerate(self._build_masks().items()):
+            self.register_buffer(f"mask_{i}", mask.to(hf_model.device), persistent=False)
+            self._mask_buffers[name] = f"mask_{i}"
+        self._eos = ((), torch.zeros(0, dtype=torch.long))  # (ids, the same ids as a tensor on the last device used)
         self.eval()
 
     def get_input_embeddings(self) -> torch.nn.Module:
@@ -219,10 +225,10 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         c = self.composition
         if any(e.shape[-1] != base.shape[-1] for e in experts):
             raise ValueError(f"experts return {[e.shape[-1] for e in experts]} logits, the base {base.shape[-1]}")
-        masks = [self._masks.get(e) for e in self.experts]
+        masks = [getattr(self, self._mask_buffers[e]) if e in self._mask_buffers else None for e in self.experts]
         weights = [c.weight(e) for e in self.experts]
         composed = compose_logprobs(base, experts, weights, floor=c.floor, masks=masks, rule=c.rule, rule_params=c.rule_params)  # (B, T, V)
-        composed = apply_eos_policy(composed, base, experts, self._eos_ids(), c.eos_policy, c.floor)
+        composed = apply_eos_policy(composed, base, experts, self._eos_tensor(composed.device), c.eos_policy, c.floor)
         trace = None
         if c.trace if output_trace is None else output_trace:
             lb = torch.log_softmax(base.float(), -1)
@@ -234,6 +240,13 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         eos = self.generation_config.eos_token_id
         eos = self.config.eos_token_id if eos is None else eos
         return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+    def _eos_tensor(self, device) -> torch.Tensor:
+        """The EOS ids (E,) on `device`, copied there once per change of ids or device, not at every step."""
+        ids = tuple(self._eos_ids())
+        if self._eos[0] != ids or self._eos[1].device != torch.device(device):
+            self._eos = (ids, torch.tensor(ids, dtype=torch.long, device=device))
+        return self._eos[1]
 
     @torch.no_grad()
     def trace(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None) -> CompositionTrace:
@@ -267,7 +280,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
     @classmethod
     def from_experts(cls, base_path, experts: dict, weights: dict | None = None, *, config: CompositionConfig | None = None,
                      dtype=None, device=None, allow_pickle: bool = False, trust_remote_code: bool = False,
-                     torch_dtype=None) -> ComposedModelForCausalLM:
+                     torch_dtype=None, device_map=None) -> ComposedModelForCausalLM:
         """Load a base folder and expert folders (LoRA adapters or full models) and compose them.
 
         Args:
@@ -276,8 +289,13 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             weights: expert name -> weight (overrides `config.weights`); default 1.0.
             config: every other composition option.
             allow_pickle / trust_remote_code: opt-ins for `.bin` weights and custom model code.
+            device_map: accelerate's placement of a base larger than one device (`"auto"`, or a dict of
+                module -> device), as in transformers; each LoRA expert's rows run on the device of
+                the layer they update. Full-model experts are placed the same way.
         """
-        options = LoadOptions(_dtype(dtype, torch_dtype), device, allow_pickle, trust_remote_code)
+        if device_map is not None and device is not None:
+            raise ValueError(f"device: pass device={device!r} or device_map, not both")
+        options = LoadOptions(_dtype(dtype, torch_dtype), device, allow_pickle, trust_remote_code, device_map)
         return persistence.from_experts(cls, base_path, experts, weights, config, options)
 
 

@@ -69,7 +69,7 @@ def apply_eos_policy(
     composed: torch.Tensor,
     base: torch.Tensor,
     experts: Sequence[torch.Tensor],
-    eos_ids: Sequence[int],
+    eos_ids: Sequence[int] | torch.Tensor,
     policy: str,
     floor: float = DEFAULT_FLOOR,
 ) -> torch.Tensor:
@@ -78,7 +78,7 @@ def apply_eos_policy(
     Args:
         composed: composed log-probs (..., V) from `compose_logprobs`.
         base, experts: the log-probs (or logits) the composition was made from.
-        eos_ids: token ids that end a sequence.
+        eos_ids: token ids that end a sequence (a list, or a tensor (E,) on the logits' device).
         policy: `compose` (leave as is: the paper), `base` (EOS scored by the base alone),
             `any` (max over base and experts), `all` (min over base and experts).
 
@@ -87,19 +87,18 @@ def apply_eos_policy(
     """
     if policy not in EOS_POLICIES:
         raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {policy!r}")
-    if policy == "compose" or not eos_ids:
+    ids = torch.as_tensor(eos_ids, dtype=torch.long, device=composed.device).flatten()  # (E,); no copy when already there
+    if policy == "compose" or ids.numel() == 0:
         return composed
-    ids = torch.as_tensor(list(eos_ids), device=composed.device)
     models = torch.stack([clamped_logprobs(m, floor)[..., ids] for m in (base, *experts)])  # (k+1, ..., E)
     pick = {"base": lambda m: m[0], "any": lambda m: m.max(0).values, "all": lambda m: m.min(0).values}[policy]
-    out = composed.clone()
-    out[..., ids] = pick(models)
-    # The other tokens keep their composed ratios and share what EOS leaves: renormalise them alone.
-    others = torch.ones(composed.shape[-1], dtype=torch.bool, device=composed.device)
-    others[ids] = False
-    eos_mass = torch.logsumexp(out[..., ids], dim=-1, keepdim=True).clamp(max=-1e-7)  # (..., 1)
+    eos = pick(models)  # (..., E)
+    eos_mass = torch.logsumexp(eos, dim=-1, keepdim=True).clamp(max=-1e-7)  # (..., 1)
     rest = torch.log1p(-eos_mass.exp())  # log of the mass left to non-EOS tokens
-    out[..., others] = torch.log_softmax(composed[..., others], dim=-1) + rest
+    # The other tokens keep their composed ratios and share what EOS leaves: renormalised without EOS
+    # (set to -inf, not cut out by a boolean index, which would wait for the device at every step)
+    out = torch.log_softmax(composed.index_fill(-1, ids, float("-inf")), dim=-1) + rest  # (..., V)
+    out[..., ids] = eos
     return torch.log_softmax(out, dim=-1)
 
 

@@ -402,3 +402,32 @@ def test_every_rule_runs_through_the_model_with_masks_and_eos_policies(tiny, ref
         got = composed(torch.tensor([ids])).logits[0]
     assert (got.double() - want.double()).abs().max() <= TOL
     assert (got.double() - hand_compose(lb, experts, [1.0] * 3)).abs().max() > 1e-2  # not the product
+
+
+def test_device_map_and_per_step_constants_follow_the_model(tiny, tok, monkeypatch):
+    """Issue 17.1, the device-agnostic part a CPU can check: `device_map` (accelerate's placement, all on
+    the CPU here) composes exactly like a plain load; masks are buffers that follow `.to()`; the EOS ids
+    are made on the logits' device once, not at every step."""
+    names = ["a", "b", "full"]
+    config = CompositionConfig(masks={"b": list(range(40, 80))}, eos_policy="any")
+    plain = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), config=config)
+    import logitcomp.loading
+
+    maps, load = [], logitcomp.loading.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(logitcomp.loading.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **kw: maps.append(kw["device_map"]) or load(*a, **kw))
+    placed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), config=config, device_map="auto")
+    monkeypatch.undo()
+    assert maps == ["auto", "auto"]  # the base and the full expert, placed by accelerate
+    batch = _left_padded(tok, PROMPTS)
+    with torch.no_grad():
+        assert torch.equal(placed(**batch).logits, plain(**batch).logits)
+        eos = placed._eos_tensor(torch.device("cpu"))
+        placed(**batch)
+    assert placed._eos_tensor(torch.device("cpu")) is eos and eos.tolist() == [tok.eos_token_id]  # cached
+    mask = dict(placed.named_buffers())["mask_0"]
+    assert mask.dtype == torch.bool and mask[40:80].all() and not mask[:40].any()
+    placed.to(torch.float64)
+    assert dict(placed.named_buffers())["mask_0"].dtype == torch.bool  # bool buffers keep their dtype
+    with pytest.raises(ValueError, match="pass device='cpu' or device_map, not both"):
+        ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), device="cpu", device_map="auto")
