@@ -18,6 +18,12 @@ a composed step spent in the composition itself (log_softmax and combine).
 
 `--rule NAME` (repeatable) adds a `composed@NAME` setup per composition rule (default parameters),
 reported beside the product rule's `composed`.
+
+`--generate` measures the path users decode through instead: transformers' `generate` (greedy,
+`min_new_tokens` = `max_new_tokens`, so every row decodes the same number of steps), as lm-eval
+calls it; decode steps/s = (N − 1) / (t(N new tokens) − t(1 new token)), the prefill left out as in
+the loop. Only `single` and `composed` have a generate path (peft's mixed batch and the naive
+ensemble compose only in the hand-written loop).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
+    p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -92,6 +99,41 @@ def peak_bytes(device: str) -> int:
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def load_generator(setup: str, root: Path, args):
+    """The model whose `generate` a `--generate` run times: the base alone or the composition."""
+    from transformers import AutoModelForCausalLM
+
+    from logitcomp import ComposedModelForCausalLM, CompositionConfig
+
+    dtype = getattr(torch, args.dtype)
+    if setup == "single":
+        return AutoModelForCausalLM.from_pretrained(root / "base", dtype=dtype).to(args.device).eval()
+    if setup.startswith("composed"):
+        config = CompositionConfig(rule=setup.partition("@")[2] or "product")
+        experts = {f"e{i}": root / f"e{i}" for i in range(args.k)}
+        return ComposedModelForCausalLM.from_experts(root / "base", experts, config=config, dtype=dtype, device=args.device)
+    sys.exit(f"bench_decode: --generate times single and composed only, not {setup}")
+
+
+@torch.no_grad()
+def decode_generate(model, args) -> float:
+    """Decode steps per second through `generate`: N new tokens minus 1 new token (the prefill)."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, args.vocab, (args.batch, args.prompt), generator=gen).to(args.device)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+
+    def timed(new: int) -> float:
+        sync()
+        start = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                       do_sample=False, pad_token_id=0)
+        sync()
+        return time.perf_counter() - start
+
+    timed(2)  # warm-up
+    return (args.new - 1) / (timed(args.new) - timed(1))
 
 
 def make_step(setup: str, root: Path, args):
@@ -196,8 +238,12 @@ def child(args) -> None:
         torch.cuda.init()
         torch.cuda.reset_peak_memory_stats()
     baseline = 0 if args.device.startswith("cuda") else rss_bytes()
-    step = make_step(args.child, root, args)
-    rates = [decode(step, args) for _ in range(args.repeats)]
+    if args.generate:
+        model = load_generator(args.child, root, args)
+        rates = [decode_generate(model, args) for _ in range(args.repeats)]
+    else:
+        step = make_step(args.child, root, args)
+        rates = [decode(step, args) for _ in range(args.repeats)]
     result = {"setup": args.child, "steps_per_s": max(rates), "peak_bytes": peak_bytes(args.device) - baseline}
     if args.child.startswith("composed"):
         result["compose_s"] = composition_seconds(args, args.child.partition("@")[2] or "product")
@@ -226,7 +272,7 @@ def report(args, results: dict) -> None:
     n_params = args.vocab * args.hidden * 2 + args.layers * (4 * args.hidden**2 + 3 * args.hidden * args.intermediate)
     print(f"model: Llama {n_params / 1e6:.0f}M params (hidden {args.hidden}, {args.layers} layers), k={args.k} experts, "
           f"LoRA r={args.rank} on {args.targets}, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens, "
-          f"{args.dtype} on {args.device}, {args.threads} threads")
+          f"{args.dtype} on {args.device}, {args.threads} threads, {'generate' if args.generate else 'hand-written loop'}")
     single = results.get("single")
     print(f"{'setup':<10} {'steps/s':>9} {'x single':>9} {'peak MiB':>9} {'x single':>9}")
     for name, r in results.items():
