@@ -16,13 +16,13 @@ from .config import check_weights
 
 
 # An expert's name becomes a folder name (saved compositions, recipe outputs): no separators, no leading dot
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_+-]*")  # no '.': a name is also a peft adapter name (a torch module key)
 
 
 def check_name(name) -> str:
     """Return `name` when it is an identifier safe as a folder name. Raises ValueError otherwise."""
-    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
-        raise ValueError(f"expert name {name!r}: expected letters, digits and _ . + - (not starting with '.', no '..')")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(f"expert name {name!r}: expected letters, digits and _ + - (no '.' or '/': names are folder and adapter names)")
     return name
 
 

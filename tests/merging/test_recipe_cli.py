@@ -87,7 +87,7 @@ def _assert_clean_failure(proc, pattern: str, tmp_path: Path):
     assert not [name for name, mtime in _tree(tmp_path).items() if mtime > recipe_time], _tree(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["..", "../x", "/abs", "a/b", "", ".hidden", "base", "composed", "merged_lora", "experts"])
+@pytest.mark.parametrize("name", ["..", "../x", "/abs", "a/b", "", ".hidden", "math.v2", "base", "composed", "merged_lora", "experts"])
 def test_expert_names_are_identifiers_not_paths_or_variants(tiny, tmp_path, name):
     """A name becomes lm_eval/<name> and variants/<name>.json: a path or a variant's name is refused at validate."""
     recipe = write_recipe(tmp_path, tiny, experts={name: str(tiny.adapters["a"])})
