@@ -5,6 +5,7 @@ merge call `resolve`; nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -105,10 +106,18 @@ def check_adapter_config(label: str, adapter_dir: Path) -> dict:
     return config
 
 
+@functools.lru_cache(maxsize=8)
+def _base_shapes(base_dir: Path, stamp: tuple) -> dict[str, tuple[int, ...]]:
+    """The base's tensor shapes, read once per state of its weight files (`stamp`: names, sizes, mtimes)
+    however many experts are checked against it."""
+    return weightfiles.shapes("base", base_dir)
+
+
 def check_adapter_fits(label: str, adapter_dir: Path, base_dir: Path) -> None:
     """Refuse LoRA factors whose shapes do not fit the base weights they update (read from the headers).
     A module whose weight the base files do not name as peft does (renamed checkpoints) is left to the load."""
-    base = weightfiles.shapes("base", base_dir)
+    files = sorted(Path(base_dir).glob("*.safetensors"))
+    base = _base_shapes(Path(base_dir), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
     adapter = weightfiles.shapes(label, adapter_dir)
     for key, a_shape in adapter.items():
         if not key.endswith(".lora_A.weight") or key.replace(".lora_A.", ".lora_B.") not in adapter:
@@ -122,9 +131,9 @@ def check_adapter_fits(label: str, adapter_dir: Path, base_dir: Path) -> None:
                              f"the adapter's B·A is {b_shape[0]}x{b_shape[1]} · {a_shape[0]}x{a_shape[1]}")
 
 
-def check_adapter_base(name: str, adapter_dir: Path, base_dir: Path) -> None:
-    """Refuse an adapter whose recorded base is another local model than `base_dir`."""
-    recorded = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+def check_adapter_base(name: str, adapter_dir: Path, base_dir: Path, config: dict) -> None:
+    """Refuse an adapter whose recorded base (`config`: its checked adapter_config.json) is another local model than `base_dir`."""
+    recorded = config.get("base_model_name_or_path")
     if not recorded or not Path(recorded).is_dir() or Path(recorded).resolve() == Path(base_dir).resolve():
         return
     if (Path(recorded) / "config.json").is_file() and _fingerprint(Path(recorded)) == _fingerprint(Path(base_dir)):
@@ -157,10 +166,10 @@ def check_expert(name: str, path, base: Path | None, weight: float = 1.0, allow_
     kind = expert_kind(name, path)
     check_safetensors(label, path, allow_pickle)
     if kind == "lora":
-        check_adapter_config(label, path)
+        config = check_adapter_config(label, path)
         weightfiles.check_finite(label, path)  # adapters are small: NaN/inf is refused before any model loads
         if base is not None:
-            check_adapter_base(name, path, base)
+            check_adapter_base(name, path, base, config)
             check_adapter_fits(label, path, base)
     elif base is not None:
         theirs, ours = vocab_size(label, path), vocab_size("base", base)
