@@ -15,6 +15,7 @@ active only inside `with grouped_lora(...)`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -91,6 +92,7 @@ class LoraStack:
 
     def __init__(self, model, adapters: list[str]):
         self.model, self.adapters = model, list(adapters)
+        self._frozen = False
         self._stack()
 
     def _stack(self) -> None:
@@ -112,9 +114,19 @@ class LoraStack:
 
     def layers(self) -> list[tuple[LoraLayer, StackedUpdates | None]]:
         """The stacked updates of the adapters as they are now (restacked when they changed)."""
-        if self._current_state() != self._state:
+        if not self._frozen and self._current_state() != self._state:
             self._stack()
         return self._layers
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Compare the adapters with the stack on entry only (a decoding loop that edits no weight)."""
+        self.layers()
+        self._frozen = True
+        try:
+            yield
+        finally:
+            self._frozen = False
 
 
 def _add_updates(layer, args, output, *, updates: StackedUpdates, groups: int):

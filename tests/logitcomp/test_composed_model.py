@@ -372,6 +372,30 @@ def test_stacked_adapters_follow_edits_reloads_and_to(tiny, tok):
         composed(x)
 
 
+def test_generate_checks_the_stacks_once_per_call_and_sees_edits_between_calls(tiny, tok, monkeypatch):
+    """A `generate` call enters the grouped-LoRA routing once: the adapters are compared with the stacks
+    on entry, not at each step (issue 17.2); an edit made between two calls is seen by the second."""
+    from logitcomp.grouped_lora import LoraStack
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny.base), tiny.adapters["a"], adapter_name="a")
+    model.load_adapter(tiny.adapters["b"], adapter_name="b")
+    composed = compose(model, ["a", "b"])
+    x = torch.tensor([tok("ABCAB>").input_ids])
+    checks, real = [], LoraStack._current_state
+    monkeypatch.setattr(LoraStack, "_current_state", lambda self: checks.append(1) or real(self))
+    greedy = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
+    with torch.no_grad():
+        first = composed.generate(x, **greedy)
+        assert len(checks) == 1
+        layer = next(m for m in model.modules() if hasattr(m, "lora_B") and "a" in m.lora_B)
+        layer.lora_B["a"].weight.mul_(-4.0)
+        second = composed.generate(x, **greedy)
+        assert len(checks) == 3  # one comparison on entry, which found the edit, and the new stacks' state
+        fresh = compose(model, ["a", "b"]).generate(x, **greedy)
+    assert torch.equal(second, fresh) and not torch.equal(first, second)
+    assert all(not layer._disable_adapters for layer in model.modules() if hasattr(layer, "_disable_adapters"))  # peft's state restored
+
+
 def test_a_base_loaded_by_a_relative_path_is_saved_as_that_folder(tiny, tmp_path, monkeypatch):
     """Issue 12.9: the base's relative path was resolved when saving, against another directory."""
     monkeypatch.chdir(tiny.base.parent)
