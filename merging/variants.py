@@ -131,8 +131,11 @@ class ModelPool:
             try:
                 self._peft.set_adapter(adapter)
                 yield self._peft
-            finally:
-                self._peft.delete_adapter(adapter)
+            finally:  # (peft warns when the active adapter is deleted: activate another first)
+                others = [a for a in self._peft.peft_config if a != adapter]
+                if others:
+                    self._peft.set_adapter(others[0])
+                    self._peft.delete_adapter(adapter)
 
 
 def lm_eval_model(model, recipe: Recipe, paths: ResolvedPaths):
