@@ -6,16 +6,15 @@ under a launcher every process evaluates every request. `DataParallel` reads the
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), joins torch.distributed's process group
 (NCCL on GPUs, gloo on CPU) and gives lm-eval the rank, world size and collectives with which its
 evaluator splits the requests (document i goes to rank i mod N) and gathers the per-sample metrics.
+torch is imported only under a launcher: the runner imports this module and stays torch-free.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from datetime import timedelta
-
-import torch
-import torch.distributed as dist
 
 
 log = logging.getLogger("lm_eval.logitcomp")  # printed wherever lm-eval prints its own progress
@@ -30,11 +29,16 @@ def world() -> tuple[int, int]:
     """(rank, world size), joining the launcher's process group on first use; (0, 1) without a launcher."""
     if not launched():
         return 0, 1
+    import torch
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=timedelta(weeks=52))  # rank 0 may merge a big model while the others wait
+        # left to the interpreter's exit, gloo's threads can abort the process ("terminate called without an active exception")
+        atexit.register(dist.destroy_process_group)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -48,6 +52,8 @@ def local_device(device: str) -> str:
 def barrier() -> None:
     """Wait for every rank (nothing without a launcher)."""
     if launched():
+        import torch.distributed as dist
+
         world()
         dist.barrier()
 
@@ -56,6 +62,8 @@ def broadcast(value):
     """Rank 0's `value` on every rank (the value itself without a launcher)."""
     if not launched():
         return value
+    import torch.distributed as dist
+
     world()
     box = [value]
     dist.broadcast_object_list(box, src=0)
@@ -70,8 +78,11 @@ class DataParallel:
     def _join(self) -> None:
         self._rank, self._world_size = world()
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, tensor):
         """Every rank's `tensor` concatenated along dim 0 (a scalar counts as shape (1,)), like accelerate's gather."""
+        import torch
+        import torch.distributed as dist
+
         if self.world_size <= 1:
             return tensor
         tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor.contiguous()
@@ -81,7 +92,7 @@ class DataParallel:
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            dist.barrier()
+            barrier()
 
     # each rank says how much of the work it got (lm-eval's own count is a debug line)
     def _count(self, kind: str, requests) -> None:

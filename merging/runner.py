@@ -215,7 +215,9 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     paths.fetch()
     barrier()  # every rank has checked the output folder before rank 0 writes into it
     with output_lock(out) if rank == 0 else contextlib.nullcontext():
-        return _run(recipe, paths, variants, force, echo, rank)
+        results = _run(recipe, paths, variants, force, echo, rank)
+    barrier()  # every rank leaves together, after rank 0 has written the reports
+    return results
 
 
 def _relaunch(recipe_path, force: bool, processes: int) -> None:
