@@ -122,7 +122,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.generation_config = copy.deepcopy(hf_model.generation_config)
         self._hf_model = hf_model
         self._lora = LoraStack(model, lora) if isinstance(model, PeftModel) else None
-        self._routing = None  # set while `generate` holds the routing for all its steps
+        self._routing = False  # True while `generate` holds the routing for all its steps
         # per-step constants live on the model's device and follow `.to()` (buffers): a decoding step
         # copies nothing from the host (masks are bool, so `.to(dtype)` leaves them as they are)
         self._mask_buffers = {}
@@ -195,7 +195,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             position_ids = _positions(attention_mask, past, length, input_ids.device).expand(batch, -1)
         groups = 1 + len(self.lora_experts)
         rep = lambda t: None if t is None else t.repeat(groups, 1)  # noqa: E731  (B, ·) -> (G·B, ·)
-        with self._routing or self._routed(groups):  # one `generate` call enters the routing once for all its steps
+        with nullcontext() if self._routing else self._routed(groups):  # a `generate` call enters it once for all its steps
             out = self._hf_model(
                 input_ids=rep(input_ids),
                 attention_mask=rep(attention_mask),
@@ -263,19 +263,19 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         for key in ("assistant_model", "prompt_lookup_num_tokens"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"{key}: assisted decoding is not supported by composed models")
-        with self._routed(1 + len(self.lora_experts)) as routing:
-            self._routing = routing
+        with self._routed(1 + len(self.lora_experts)):
+            self._routing = True
             try:
                 return super().generate(*args, **kwargs)
             finally:
-                self._routing = None
+                self._routing = False
 
     @contextmanager
     def _routed(self, groups: int):
         """Grouped-LoRA routing of `groups` row blocks, over stacked factors checked against the live adapters once,
         on entry: inside one forward, or one `generate` call (its steps cannot change the weights)."""
         with self._lora.frozen() if self._lora else nullcontext(), grouped_lora(self._lora.layers() if self._lora else [], groups):
-            yield nullcontext()
+            yield
 
     # ---- persistence (logitcomp/persistence.py) -----------------------------------------------
     def save_pretrained(self, save_directory, **kwargs) -> Path:

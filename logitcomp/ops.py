@@ -87,8 +87,10 @@ def apply_eos_policy(
     """
     if policy not in EOS_POLICIES:
         raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {policy!r}")
+    if policy == "compose":
+        return composed
     ids = torch.as_tensor(eos_ids, dtype=torch.long, device=composed.device).flatten()  # (E,); no copy when already there
-    if policy == "compose" or ids.numel() == 0:
+    if ids.numel() == 0:
         return composed
     models = torch.stack([clamped_logprobs(m, floor)[..., ids] for m in (base, *experts)])  # (k+1, ..., E)
     pick = {"base": lambda m: m[0], "any": lambda m: m.max(0).values, "all": lambda m: m.min(0).values}[policy]

@@ -55,10 +55,9 @@ def markdown_table(results: dict[str, dict[str, dict]], tasks: list[str], rows: 
     return "\n".join(lines) + "\n"
 
 
-def main_table(results: dict, tasks: list[str], variants: list[Variant], select_on: SelectSpec | None) -> str:
-    """The table a reader reads first: each swept family at its chosen value, the validation task left out
-    (with no swept family, or no `select_on`, every row and task)."""
-    chosen = select(results, variants, select_on)
+def main_table(results: dict, tasks: list[str], variants: list[Variant], select_on: SelectSpec | None, chosen: dict) -> str:
+    """The table a reader reads first: each swept family at its `chosen` value (`sweeps.select`), the
+    validation task left out (with no swept family, or no `select_on`, every row and task)."""
     if not chosen:
         return markdown_table(results, tasks)
     table = markdown_table(results, [t for t in tasks if t != select_on.task], main_rows(variants, chosen))
@@ -67,13 +66,15 @@ def main_table(results: dict, tasks: list[str], variants: list[Variant], select_
 
 
 def write_reports(out: Path, recipe_name: str, results: dict, tasks: list[str], meta: dict, variants: list[Variant],
-                  select_on: SelectSpec | None = None) -> None:
-    """Write results.json, report.md, report.png and the sweep figures into `out`, each atomically."""
+                  select_on: SelectSpec | None = None) -> str:
+    """Write results.json, report.md, report.png and the sweep figures into `out`, each atomically.
+    Returns the main table (what the run prints)."""
     chosen = select(results, variants, select_on)
+    table = main_table(results, tasks, variants, select_on, chosen)
     selection = {"selection": {"on": select_on.model_dump(), "chosen": chosen}} if chosen else {}
     atomic_write_bytes(out / "results.json", (json.dumps({**meta, **selection, "results": results}, indent=2) + "\n").encode())
     note = "Cells: lm-eval's metric ± its stderr (where lm-eval gives one); the plot shows the metrics that lie in [0, 1]."
-    text = f"# {recipe_name}\n\n{note}\n\n{main_table(results, tasks, variants, select_on)}"
+    text = f"# {recipe_name}\n\n{note}\n\n{table}"
     if chosen:
         text += f"\n## Every configuration (the swept values too; {select_on.task} chose among them)\n\n{markdown_table(results, tasks)}"
     elif families(variants):
@@ -84,6 +85,7 @@ def write_reports(out: Path, recipe_name: str, results: dict, tasks: list[str], 
     if families(variants):
         for name, png in sweep_figures(results, variants, metric_columns(results, tasks), chosen).items():
             atomic_write_bytes(out / name, png)
+    return table
 
 
 def _bars(results: dict, tasks: list[str], title: str) -> bytes:

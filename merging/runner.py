@@ -28,7 +28,7 @@ from .distributed import barrier, broadcast, launched, world
 from .output import check_output, check_recorded_recipe, output_lock
 from .recipe import Recipe, RecipeError, ResolvedPaths, load_recipe
 from .plan import Variant, plan
-from .report import main_table, write_reports
+from .report import write_reports
 from .variants import ModelPool, lm_eval_model
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,9 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
         raise RecipeError(str(exc)) from None
     if paths.include_path and not paths.include_path.is_dir():
         raise RecipeError(f"evaluate.include_path: {paths.include_path} is not a folder")
-    _check_merges(recipe, bridge.merge_methods() if any(v.kind == "merged" for v in plan(recipe)) else {})
+    merged = [row for row in plan(recipe) if row.kind == "merged"]
+    if merged:
+        _check_merges(merged, bridge.merge_methods())
     if not check_tasks:
         return
     manager = task_manager(paths, list(recipe.evaluate.tasks))
@@ -87,11 +89,9 @@ def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True)
             raise RecipeError(f"evaluate.confirm_run_unsafe_code: {exc}") from None
 
 
-def _check_merges(recipe: Recipe, methods: dict) -> None:
-    """Every merged row's mergekit method and parameter names (a sweep's too) against mergekit's registry."""
-    for row in plan(recipe):
-        if row.kind != "merged":
-            continue
+def _check_merges(rows: list[Variant], methods: dict) -> None:
+    """Each merged row's mergekit method and parameter names (a sweep's too) against mergekit's registry."""
+    for row in rows:
         field = "merge" if row.name == "merged" and not row.family else f"variants: {row.family or row.name}"
         if row.method not in methods:
             raise RecipeError(f"{field}.method: unknown merge method {row.method!r}; mergekit has {sorted(methods)}")
@@ -249,8 +249,7 @@ def _run(recipe: Recipe, paths: ResolvedPaths, variants: list[Variant], force: b
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}
     meta = {"recipe": recipe.model_dump(mode="json"), "versions": packages, "seconds": timings}
     tasks = list(recipe.evaluate.tasks)
-    write_reports(out, recipe.name, results, tasks, meta, variants, recipe.evaluate.select_on)
-    echo(main_table(results, tasks, variants, recipe.evaluate.select_on))
+    echo(write_reports(out, recipe.name, results, tasks, meta, variants, recipe.evaluate.select_on))
     return results
 
 

@@ -59,7 +59,8 @@ def build_merges(recipe: Recipe, paths: ResolvedPaths) -> dict[str, Path]:
 
 
 class ModelPool:
-    """The models of one run's rows; `model(row)` is a context holding the row's model ready for lm-eval."""
+    """The models of one run's rows; `model(row)` is a context holding the row's model ready for lm-eval.
+    Its inputs are those `runner.check_inputs` has checked (adapter files scanned for NaN/inf included)."""
 
     def __init__(self, recipe: Recipe, paths: ResolvedPaths, lora_cache: Path | None = None):
         self.recipe, self.paths, self.lora_cache = recipe, paths, lora_cache
@@ -76,9 +77,7 @@ class ModelPool:
     def _attach(self, adapter: str, path: Path, label: str):
         """Load one adapter into the shared PeftModel (made around the base at the first one)."""
         from logitcomp.loading import attach_lora
-        from logitcomp.weightfiles import check_finite
 
-        check_finite(label, path)
         try:
             self._peft = attach_lora(self._peft or self._base_model(), adapter, path, self.paths.base, _options(self.recipe))
         except ValueError as exc:
@@ -126,8 +125,12 @@ class ModelPool:
         elif row.kind == "merged":
             yield load_model(row.name, self._merge(row), _options(self.recipe))
         else:  # merged_lora: its adapter joins the shared PeftModel for this row only
+            from logitcomp.weightfiles import check_finite
+
             adapter = f"merged_lora_{len(self._peft.peft_config) if self._peft else 0}"  # peft names cannot hold '.' or '['
-            self._attach(adapter, self._merge(row), row.name)
+            path = self._merge(row)
+            check_finite(row.name, path)  # (the experts' adapters were scanned by runner.check_inputs)
+            self._attach(adapter, path, row.name)
             try:
                 self._peft.set_adapter(adapter)
                 yield self._peft
