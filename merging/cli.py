@@ -26,7 +26,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from .output import check_output
-    from .recipe import RecipeError, load_recipe
+    from .recipe import RecipeError
+    from .recipe_file import load_recipe
     from .runner import check_device, check_inputs
     from .variants import plan
 

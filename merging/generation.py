@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recipe import load_recipe
+from .recipe_file import load_recipe
 
 
 @dataclass(frozen=True)

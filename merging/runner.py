@@ -26,7 +26,8 @@ from logitcomp.io import atomic_dir, atomic_write_bytes
 
 from .distributed import barrier, broadcast, launched, world
 from .output import check_output, check_recorded_recipe, output_lock
-from .recipe import Recipe, RecipeError, ResolvedPaths, load_recipe
+from .recipe import Recipe, RecipeError, ResolvedPaths
+from .recipe_file import load_recipe
 from .plan import Variant, plan
 from .report import write_reports
 from .variants import ModelPool, lm_eval_model

@@ -14,7 +14,8 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from common import make_tiny_llama, make_tiny_lora
-from merging.recipe import Recipe, RecipeError, load_recipe
+from merging.recipe import Recipe, RecipeError
+from merging.recipe_file import load_recipe
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 

@@ -35,6 +35,7 @@ def _imports(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("path", ["merging/runner.py", "merging/variants.py", "merging/harness.py", "merging/recipe.py",
+                                  "merging/recipe_file.py", "merging/plan.py", "merging/sweeps.py", "merging/distributed.py",
                                   "recipes/tasks/toy/utils.py", "recipes/tasks/smol/utils.py", "tests/common.py",
                                   "tests/conftest.py"])
 def test_runner_tasks_and_shared_fixtures_import_no_world(path):
