@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TOY_DIR ?= toy_world
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup test test-fast demo toy-seeds smol clean
+.PHONY: setup test test-fast demo toy-seeds toy-gpt2 smol clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,11 @@ demo: $(STAMP)
 toy-seeds: $(STAMP)
 	$(OFFLINE) $(PY) scripts/toy_composition.py --worlds runs/toy-worlds --seeds 0 1 2 3 4 --out runs/toy-seeds
 
+# The paper notebook's world: GPT-2-style base and full-model experts A->K, M->B (~4 min), composed and merged.
+toy-gpt2: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q toy build toy_world_gpt2 --architecture gpt2 --full-experts --experts a2k,m2b --layout padded --if-missing
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/toy-gpt2-full.yaml
+
 # The SmolLM2 world (a real LLM, see the README): convert, train the three experts (~10 min each),
 # run recipes/smol-math-code.yaml (it runs model-written code in a sandbox: HF_ALLOW_CODE_EVAL=1 opts in).
 smol: $(STAMP)
@@ -47,4 +52,4 @@ smol: $(STAMP)
 	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/smol-math-code.yaml
 
 clean:
-	rm -rf $(VENV) $(TOY_DIR) smol_world .pytest_cache
+	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world .pytest_cache

@@ -3,12 +3,12 @@ for swept families, sweep_TASK.png (score against the swept value)."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 from logitcomp.io import atomic_write_bytes
 
+from .figures import figure_png
 from .plan import Variant
 from .recipe import SelectSpec
 from .sweeps import families, main_rows, select, sweep_figures
@@ -109,8 +109,4 @@ def _bars(results: dict, tasks: list[str], title: str) -> bytes:
     ax.set_ylabel("score")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a bar
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import io
 import math
 
+from .figures import figure_png
 from .plan import Variant
 from .recipe import RecipeError, SelectSpec
 
@@ -85,10 +85,6 @@ def sweep_figures(results: dict[str, dict], variants: list[Variant], columns: li
             ax.set_title(label, fontsize=9)
         axes[0][0].set_ylabel("score")
         axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100)
-        plt.close(fig)
         safe = "".join(c if c.isalnum() or c in "_-." else "_" for c in task)
-        figures[f"sweep_{safe}.png"] = buf.getvalue()
+        figures[f"sweep_{safe}.png"] = figure_png(fig, dpi=100)
     return figures

@@ -15,6 +15,7 @@ a composed step spent in the composition itself (log_softmax and combine).
     python scripts/bench_decode.py                          # 58M-parameter Llama, k=2, r=16, CPU
     python scripts/bench_decode.py --device cuda --dtype bfloat16 --hidden 2048 --layers 16
     python scripts/bench_decode.py --setups composed --rule activity --rule union   # cost of each rule vs product
+    python scripts/bench_decode.py --base gemma_world/base --batch 16   # a real model folder (random LoRA experts)
 
 `--rule NAME` (repeatable) adds a `composed@NAME` setup per composition rule (default parameters),
 reported beside the product rule's `composed`.
@@ -63,25 +64,36 @@ def parse_args(argv=None):
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
     p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
+    p.add_argument("--base", help="a real base model folder instead of the random Llama (its vocabulary replaces --vocab)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.base:
+        from transformers import AutoConfig
+
+        args.vocab = AutoConfig.from_pretrained(args.base).get_text_config().vocab_size
+    return args
+
+
+def base_of(args, root: Path) -> Path:
+    return Path(args.base) if args.base else root / "base"
 
 
 def build_world(args, root: Path) -> None:
-    """Save a random base and k random LoRA adapters (non-zero B) under `root`."""
+    """Save a random base (unless --base) and k random LoRA adapters (non-zero B) of the base under `root`."""
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads,
-        max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
-    )
-    LlamaForCausalLM(config).save_pretrained(root / "base")
+    if not args.base:
+        config = LlamaConfig(
+            vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+            num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads,
+            max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
+        )
+        LlamaForCausalLM(config).save_pretrained(root / "base")
     for i in range(args.k):
-        base = LlamaForCausalLM.from_pretrained(root / "base")
+        base = AutoModelForCausalLM.from_pretrained(base_of(args, root))
         model = get_peft_model(base, LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=args.targets.split(",")))
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -109,11 +121,11 @@ def load_generator(setup: str, root: Path, args):
 
     dtype = getattr(torch, args.dtype)
     if setup == "single":
-        return AutoModelForCausalLM.from_pretrained(root / "base", dtype=dtype).to(args.device).eval()
+        return AutoModelForCausalLM.from_pretrained(base_of(args, root), dtype=dtype).to(args.device).eval()
     if setup.startswith("composed"):
         config = CompositionConfig(rule=setup.partition("@")[2] or "product")
         experts = {f"e{i}": root / f"e{i}" for i in range(args.k)}
-        return ComposedModelForCausalLM.from_experts(root / "base", experts, config=config, dtype=dtype, device=args.device)
+        return ComposedModelForCausalLM.from_experts(base_of(args, root), experts, config=config, dtype=dtype, device=args.device)
     sys.exit(f"bench_decode: --generate times single and composed only, not {setup}")
 
 
@@ -149,7 +161,7 @@ def make_step(setup: str, root: Path, args):
     load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=dtype).to(device).eval()  # noqa: E731
 
     if setup == "single":
-        model = load(root / "base")
+        model = load(base_of(args, root))
 
         def step(ids, mask, cache):
             out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
@@ -158,7 +170,7 @@ def make_step(setup: str, root: Path, args):
 
     if setup.startswith("composed"):  # composed (the product rule) or composed@RULE
         config = CompositionConfig(rule=setup.partition("@")[2] or "product")
-        model = ComposedModelForCausalLM.from_experts(root / "base", experts, config=config, dtype=dtype, device=device)
+        model = ComposedModelForCausalLM.from_experts(base_of(args, root), experts, config=config, dtype=dtype, device=device)
 
         def step(ids, mask, cache):
             out = model(ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
@@ -167,7 +179,7 @@ def make_step(setup: str, root: Path, args):
 
     groups = args.k + 1
     if setup == "peft":
-        model = PeftModel.from_pretrained(load(root / "base"), experts["e0"], adapter_name="e0")
+        model = PeftModel.from_pretrained(load(base_of(args, root)), experts["e0"], adapter_name="e0")
         for name in list(experts)[1:]:
             model.load_adapter(experts[name], adapter_name=name)
         model.eval()
@@ -183,8 +195,8 @@ def make_step(setup: str, root: Path, args):
         return step
 
     # naive: k+1 full models, experts merged into their own copy of the base
-    models = [load(root / "base")] + [
-        PeftModel.from_pretrained(load(root / "base"), path).merge_and_unload().eval() for path in experts.values()
+    models = [load(base_of(args, root))] + [
+        PeftModel.from_pretrained(load(base_of(args, root)), path).merge_and_unload().eval() for path in experts.values()
     ]
 
     def step(ids, mask, caches):
@@ -270,7 +282,8 @@ def main(argv=None) -> None:
 
 def report(args, results: dict) -> None:
     n_params = args.vocab * args.hidden * 2 + args.layers * (4 * args.hidden**2 + 3 * args.hidden * args.intermediate)
-    print(f"model: Llama {n_params / 1e6:.0f}M params (hidden {args.hidden}, {args.layers} layers), k={args.k} experts, "
+    model = f"{args.base} (vocab {args.vocab})" if args.base else f"Llama {n_params / 1e6:.0f}M params (hidden {args.hidden}, {args.layers} layers)"
+    print(f"model: {model}, k={args.k} experts, "
           f"LoRA r={args.rank} on {args.targets}, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens, "
           f"{args.dtype} on {args.device}, {args.threads} threads, {'generate' if args.generate else 'hand-written loop'}")
     single = results.get("single")

@@ -15,7 +15,6 @@ writes OUT/eps_law.json, OUT/eps_law.md and OUT/eps_law.png. About 10 seconds on
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qw
 import bridge
 from logitcomp import compose_logprobs
 from logitcomp.io import atomic_write_bytes
+from merging.figures import figure_png
 
 EPS = [0.2 / 2**i for i in range(8)]  # 0.2 ... 0.0016
 SHAPE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -104,11 +104,7 @@ def figure(results: dict) -> bytes:
     ax.set_ylabel("max |log p_merge − log p̂| (nats)")
     ax.set_title("task arithmetic vs composition: the ε² law")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def main() -> None:

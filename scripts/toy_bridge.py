@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import bridge
 from logitcomp import ComposedModelForCausalLM
 from merging.worlds.toy import TASKS, ToyWorld, make_eval_set
-from merging.worlds.toy.data import prompt_of
+from merging.worlds.toy.diagnose import compare_on_docs
 from merging.worlds.toy.evaluate import exact_match
 
 EXPERTS = ("a2b", "c2d")
@@ -40,22 +40,16 @@ def report(world: ToyWorld, out: Path, threshold: float = 0.1) -> dict:
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
     merged_lora = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(world.base), lora_dir).eval()
     composed = ComposedModelForCausalLM.from_experts(world.base, experts)
-    texts = [prompt_of(d["input"]) + d["target"] + tokenizer.eos_token for d in docs]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
-    # score the positions that predict the answer letters and EOS: from '>' to the last letter
-    sep = tokenizer.convert_tokens_to_ids(">")
-    after_sep = (batch.input_ids == sep).long().cumsum(-1) > 0  # (B, T)
-    score = after_sep & (batch.input_ids != tokenizer.eos_token_id)
-    comparison = bridge.compare(composed, merged, batch, threshold=threshold, score=score)
+    comparison, batch = compare_on_docs(composed, merged, tokenizer, docs, world.config.layout, threshold)
     comparison.save_json(out / "compare.json")
     example = batch.input_ids[0][batch.attention_mask[0].bool()].tolist()
     comparison.plot_activity(out / "activity.png", row=0, tokens=tokenizer.convert_ids_to_tokens(batch.input_ids[0].tolist()))
     result = {
         "variant": world.config.variant,
         "pair_accuracy": {
-            "composed": exact_match(composed, tokenizer, docs),
-            "task_arithmetic": exact_match(merged, tokenizer, docs),
-            "merge_as_lora": exact_match(merged_lora, tokenizer, docs),
+            "composed": exact_match(composed, tokenizer, docs, world.config.layout),
+            "task_arithmetic": exact_match(merged, tokenizer, docs, world.config.layout),
+            "merge_as_lora": exact_match(merged_lora, tokenizer, docs, world.config.layout),
         },
         "size_mib": {"task_arithmetic": folder_mib(merged_dir), "merge_as_lora": folder_mib(lora_dir)},
         "comparison": comparison.summary(),

@@ -23,7 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bridge import merge_as_lora
 from logitcomp import ComposedModelForCausalLM
 from logitcomp.io import atomic_write_bytes
-from merging.worlds.toy import TASKS, ToyBuildError, ToyConfig, ToyWorld, build_toy_world, make_eval_set
+from merging.worlds.toy import TASKS, ToyBuildError, ToyConfig, ToyWorld, make_eval_set
+from merging.worlds.toy.build import world_at
 from merging.worlds.toy.evaluate import exact_match
 
 EVAL_TASKS = {"pair": ("a2b", "c2d"), "triple": ("a2b", "c2d", "e2f")}  # task -> the experts it needs
@@ -51,17 +52,6 @@ def score_world(world: ToyWorld, size: int = 200) -> dict[str, dict[str, float]]
             for kind, model in _models(world, rules, Path(tmp) / label).items():
                 scores.setdefault(kind, {})[label] = exact_match(model, tokenizer, docs[label])
     return scores
-
-
-def world_for(root: Path, variant: str, seed: int) -> ToyWorld:
-    """The toy world of `variant` and `seed` under `root`, built when missing."""
-    folder = root / f"{variant}-seed{seed}"
-    config = ToyConfig(variant=variant, seed=seed)
-    if (folder / "toy.json").exists():
-        world = ToyWorld.load(folder)
-        if world.config == config:
-            return world
-    return build_toy_world(folder, config, force=True)
 
 
 def _spread(values: list[float]) -> dict:
@@ -107,7 +97,7 @@ def main() -> None:
     for variant in args.variants:
         for seed in args.seeds:
             try:
-                world = world_for(args.worlds.resolve(), variant, seed)
+                world = world_at(args.worlds.resolve(), ToyConfig(variant=variant, seed=seed))
             except ToyBuildError as exc:  # a world below its bar is a result too: listed, not averaged
                 failed.append(f"{variant} seed {seed}: {exc}")
                 print(failed[-1], flush=True)

@@ -5,7 +5,8 @@ training and build commands; `common` holds what they share and `sandbox` runs m
 The runner and the lm-eval tasks import no world.
 """
 
+from .gemma.cli import add_commands as _gemma
 from .smol.cli import add_commands as _smol
 from .toy.cli import add_commands as _toy
 
-WORLDS = {"toy": _toy, "smol": _smol}
+WORLDS = {"toy": _toy, "smol": _smol, "gemma": _gemma}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,39 @@ def train_until(model, next_batch: Callable[[], tuple], settings: TrainSettings,
         loss = train_loop(model, next_batch, extra, settings.lr * settings.extra_lr, f"{desc} +{rounds}")
         steps, rounds, score = steps + extra, rounds + 1, check()
     return Fit(steps, rounds, loss, score)
+
+
+def save_gguf_as_folder(gguf: Path, dest: Path):
+    """Dequantise a GGUF checkpoint and save it as a standard Hugging Face folder (safetensors, config, tokenizer).
+
+    transformers dequantises a GGUF file on load but refuses to save a GGUF-loaded model, so the
+    weights move into a plain model of the same class (no quantization_config).
+
+    Returns:
+        The plain model (float32).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    config.quantization_config = None  # a plain model, so save_pretrained accepts it
+    model = type(loaded)(config)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(dest)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(dest)
+    return model.eval()
+
+
+def record_conversion(path: Path, model, source: dict, check: dict, start: float, **extra) -> dict:
+    """Write a converted world's record (source, the model's size and vocabulary, its check, the seconds since
+    `start`) to `path` as JSON, atomically. Returns the record."""
+    from logitcomp.io import atomic_write_bytes
+
+    meta = {"source": source, **extra, "parameters": sum(p.numel() for p in model.parameters()),
+            "vocab_size": model.config.vocab_size, "tie_word_embeddings": model.config.tie_word_embeddings,
+            "check": check, "seconds": round(time.perf_counter() - start, 1)}
+    atomic_write_bytes(path, (json.dumps(meta, indent=2) + "\n").encode())
+    return meta
 
 
 def read_jsonl(path: Path) -> list[dict]:

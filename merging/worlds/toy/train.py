@@ -7,15 +7,23 @@ from collections.abc import Callable
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..common import LORA_TARGETS, Fit, TrainSettings, pad_right, train_until
-from .data import sample_training_pair
+from .data import PAD_CHAR, PADDED_WIDTH, prompt_of, sample_training_pair
 from .tokenizer import ALPHABET
 
 
-def make_base_model(tokenizer: PreTrainedTokenizerBase, hidden: int, layers: int) -> LlamaForCausalLM:
-    """A small Llama sized for the toy world (random init from torch's current seed)."""
+def make_base_model(tokenizer: PreTrainedTokenizerBase, hidden: int, layers: int, positions: int = 64,
+                    architecture: str = "llama") -> PreTrainedModel:
+    """A small Llama (rotary positions, untied head) or GPT-2 (learned absolute positions, tied head, as in the
+    paper's notebook) sized for the toy world (random init from torch's current seed)."""
+    if architecture == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(
+            vocab_size=len(tokenizer), n_embd=hidden, n_layer=layers, n_head=4, n_positions=positions,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,  # no dropout, like the Llama
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        ))
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -23,7 +31,7 @@ def make_base_model(tokenizer: PreTrainedTokenizerBase, hidden: int, layers: int
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=64,
+        max_position_embeddings=positions,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -37,6 +45,7 @@ def make_batch(
     rng: random.Random,
     rules: tuple[str, ...],
     settings: TrainSettings,
+    layout: str = "copy",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample one batch.
 
@@ -48,8 +57,9 @@ def make_batch(
     rows, targets = [], []
     for _ in range(settings.batch_size):
         x, y = sample_training_pair(rng, rules)
-        prompt = tokenizer(x + ">").input_ids  # [BOS] x >
-        answer = tokenizer(y, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        offset = rng.randint(0, PADDED_WIDTH - len(x)) if layout == "padded" else 0
+        prompt = tokenizer(prompt_of(x, layout, offset)).input_ids  # [BOS] (pads) x (pads) >
+        answer = tokenizer(PAD_CHAR * offset + y, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         seq = prompt + answer
         # position t predicts seq[t+1]; only the answer and EOS are scored
         tgt = [-100] * (len(prompt) - 1) + answer + [-100]
@@ -62,24 +72,28 @@ def make_batch(
     return pad_right(rows, targets, tokenizer.pad_token_id)
 
 
-def train_base(model, tokenizer, settings: TrainSettings, seed: int, check: Callable[[], float], target: float) -> Fit:
+def train_base(model, tokenizer, settings: TrainSettings, seed: int, check: Callable[[], float], target: float,
+               layout: str = "copy") -> Fit:
     """Train `model` in place on the identity rule until `check()` ≥ `target` (bounded)."""
     rng = random.Random(f"{seed}:base")
-    return train_until(model, lambda: make_batch(tokenizer, rng, (), settings), settings, check, target, "base")
+    return train_until(model, lambda: make_batch(tokenizer, rng, (), settings, layout), settings, check, target, "base")
 
 
 def train_expert(base, tokenizer, rule: str, settings: TrainSettings, seed: int, rank: int,
-                 check: Callable[[object], float], target: float):
-    """Fine-tune a LoRA adapter of `base` on one rule (base weights stay frozen) until `check(model)` ≥ `target`.
+                 check: Callable[[object], float], target: float, layout: str = "copy"):
+    """Fine-tune `base` on one rule until `check(model)` ≥ `target`: a LoRA adapter of rank `rank` (base weights
+    frozen; Llama: every linear layer, GPT-2: peft's default c_attn), or every weight when `rank` is 0.
 
     Returns:
-        (peft model holding adapter `rule`, its `Fit`).
+        (the peft model holding adapter `rule`, or the fine-tuned model itself; its `Fit`).
     """
     torch.manual_seed(seed)
-    config = LoraConfig(
-        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
-    )
-    model = get_peft_model(base, config)
+    if rank:
+        targets = LORA_TARGETS if base.config.model_type == "llama" else None
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
+        model = get_peft_model(base, config)
+    else:
+        model = base
     rng = random.Random(f"{seed}:{rule}")
-    fit = train_until(model, lambda: make_batch(tokenizer, rng, (rule,), settings), settings, lambda: check(model), target, rule)
+    fit = train_until(model, lambda: make_batch(tokenizer, rng, (rule,), settings, layout), settings, lambda: check(model), target, rule)
     return model, fit

@@ -1,0 +1,99 @@
+"""scripts/diagnostic_correlation.py and scripts/length_generalisation.py against hand computations (fast worlds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from merging.worlds.toy import TASKS, ToyConfig, make_eval_set
+from merging.worlds.toy.build import world_at
+from merging.worlds.toy.data import prompt_of
+from tests.reference import hand_compose, merged_expert, row_logprobs
+
+
+@pytest.fixture(scope="module")
+def fast_world(tmp_path_factory):
+    return world_at(tmp_path_factory.mktemp("claims"), ToyConfig.fast(base_steps=60, expert_steps=30))
+
+
+def _kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return (p.exp() * (p - q)).sum(-1)
+
+
+def test_diagnostic_points_equal_a_hand_computation(fast_world, monkeypatch):
+    """overlap and mean KL(p̂ ‖ p_merge) on the answer positions, from separately loaded models, a merge by hand
+    (base weights + each expert's merged-in update) and the composition formula by hand."""
+    import diagnostic_correlation as dc
+
+    monkeypatch.setattr(dc, "TASK_EXPERTS", {"a2b_c2d": ("a2b", "c2d")})
+    size = 12
+    monkeypatch.setattr(dc, "make_eval_set", lambda task: make_eval_set(task, size=size))
+    tokenizer = AutoTokenizer.from_pretrained(fast_world.base)
+    base = AutoModelForCausalLM.from_pretrained(fast_world.base).eval()
+    experts = [merged_expert(fast_world.base, fast_world.expert(r)) for r in ("a2b", "c2d")]
+    merged = AutoModelForCausalLM.from_pretrained(fast_world.base).eval()
+    state = base.state_dict()
+    merged.load_state_dict({k: v + sum(e.state_dict()[k] - v for e in experts) for k, v in state.items()})
+    activity, kls = [], []
+    for d in make_eval_set(next(t for t in TASKS if t.name == "a2b_c2d"), size=size):
+        prompt = tokenizer(prompt_of(d["input"])).input_ids
+        ids = prompt + tokenizer(d["target"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        lb, le = row_logprobs(base, ids), [row_logprobs(e, ids) for e in experts]  # (T, V) each
+        answer = slice(len(prompt) - 1, len(ids) - 1)  # from '>' to the last letter
+        activity.append(torch.stack([_kl(e, lb) for e in le], -1)[answer])  # (answer, 2)
+        kls += _kl(hand_compose(lb, le, [1.0, 1.0]), row_logprobs(merged, ids))[answer].tolist()
+    activity = torch.cat(activity)  # (N, 2)
+    threshold = activity.min(-1).values.median().item()  # both experts active on about half of the tokens
+    both = ((activity > threshold).sum(-1) > 1).double().mean().item()
+    (point,) = dc.points_of(fast_world, threshold)
+    assert 0.3 < both < 0.7
+    assert point["overlap"] == pytest.approx(both, abs=1.5 / len(activity))  # one token may sit on the threshold
+    assert point["kl"] == pytest.approx(sum(kls) / len(kls), rel=1e-3, abs=1e-6)
+
+
+def test_correlations_are_spearman_by_hand():
+    import diagnostic_correlation as dc
+
+    composed = [0.9, 0.5, 0.7, 0.2, 1.0]
+    overlap = [0.01, 0.2, 0.05, 0.03, 0.0]
+    kl = [0.3, 0.1, 0.2, 0.5, 0.4]
+    points = [{"composed": c, "overlap": o, "kl": k} for c, o, k in zip(composed, overlap, kl)]
+    corr = dc.correlations(points)
+
+    def rho(x, y):  # no ties: 1 - 6 Σ d² / (n (n² - 1))
+        rank = lambda v: {x: i for i, x in enumerate(sorted(v))}  # noqa: E731
+        rx, ry = rank(x), rank(y)
+        n = len(x)
+        return 1 - 6 * sum((rx[a] - ry[b]) ** 2 for a, b in zip(x, y)) / (n * (n * n - 1))
+
+    error = [1 - c for c in composed]
+    assert corr["overlap"]["rho"] == pytest.approx(rho(error, overlap)) and corr["overlap"]["n"] == 5
+    assert corr["kl"]["rho"] == pytest.approx(rho(error, kl))
+    sep = dc.separation(points)  # exact: only the last point (overlap 0, kl 0.4)
+    assert sep["overlap"] == {"max_exact": 0.0, "min_failing": 0.01, "separates": True}
+    assert sep["kl"] == {"max_exact": 0.4, "min_failing": 0.1, "separates": False}
+
+
+def test_length_table_counts_each_bucket(tmp_path, monkeypatch):
+    """Each cell is the share of its bucket's strings that greedy_correct accepts, in both modes."""
+    import length_generalisation as lg
+
+    monkeypatch.setattr(lg, "PER_BUCKET", 3)
+    world = world_at(tmp_path, ToyConfig.fast(layout="padded"))
+    calls = []
+    real = lg.greedy_correct
+    monkeypatch.setattr(lg, "greedy_correct", lambda *a: calls.append(a) or real(*a))
+    table = lg.score_world(world)
+    assert list(table) == ["base", "a2b", "c2d", "composed", "task arithmetic", "TIES (density 0.5)"]
+    assert table["composed"]["task"] == "a2b_c2d" and table["base"]["task"] == "identity"
+    assert len(calls) == 6 * 2 * len(lg.BUCKETS)
+    for model, tokenizer, docs, layout, oracle in calls:
+        assert layout == "padded" and len(docs) == 3
+    assert all(0 <= v <= 1 for row in table.values() for mode in lg.MODES for v in row[mode].values())
+    other = {label: {**row, "free": {b: 1.0 for b in row["free"]}} for label, row in table.items()}
+    mean = lg.mean_rows([table, other])
+    assert mean["base"]["free"]["1-16"] == pytest.approx((table["base"]["free"]["1-16"] + 1.0) / 2)
+    assert mean["base"]["oracle"] == table["base"]["oracle"]
+    md = lg.markdown({"padded": {"seeds": {0: {"build_seconds": 1.0}}, "mean": table}})
+    assert "| composed | a2b_c2d |" in md and "29-32" in md
