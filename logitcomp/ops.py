@@ -62,7 +62,9 @@ def compose_logprobs(
 def clamped_logprobs(logits: torch.Tensor, floor: float = DEFAULT_FLOOR) -> torch.Tensor:
     """fp32 `log_softmax(logits).clamp(min=floor)`, with NaN and ±inf logits made finite first."""
     x = torch.nan_to_num(logits.float(), nan=floor, posinf=torch.finfo(torch.float32).max, neginf=floor)
-    return torch.log_softmax(x, dim=-1).clamp(min=floor)
+    # clamped in place: at a 262k vocabulary a fresh (B, V) buffer costs more on CPU (first-touch
+    # page faults) than the arithmetic on it (B = 16: 2.3 ms per model instead of 2.6)
+    return torch.log_softmax(x, dim=-1).clamp_(min=floor)
 
 
 def apply_eos_policy(

@@ -6,7 +6,8 @@ The paper's claim: when base and experts length-generalise, so does their compos
 factorised toy worlds are built (or reused) under --worlds, trained on lengths 1-16 only:
 `copy` (x>y: the answer letter j is len(x) + 1 tokens after its source, a distance never seen
 beyond 16) and `padded` (x padded with '.' to 32 letters: every answer letter is 33 tokens after
-its source and EOS follows the first '.', a fixed local rule). Each is scored on 50 strings per
+its source and EOS follows the first '.' after a letter, a fixed local rule; in training x sits at a
+random offset in the field, so beyond 16 only the number of letters is new). Each is scored on 50 strings per
 length bucket (1-16 trained; 17-20 ... 29-32 never seen) with greedy exact match (`free`) and with
 the target's length forced (`oracle`: EOS barred before it, generation cut after it, letters
 compared), which separates wrong letters from wrong stopping. Rows: the base on identity, each
