@@ -97,3 +97,19 @@ def test_length_table_counts_each_bucket(tmp_path, monkeypatch):
     assert mean["base"]["oracle"] == table["base"]["oracle"]
     md = lg.markdown({"padded": {"seeds": {0: {"build_seconds": 1.0}}, "mean": table}})
     assert "| composed | a2b_c2d |" in md and "29-32" in md
+
+
+def test_smol_answer_positions_are_those_that_predict_the_answer():
+    import diagnostic_correlation as dc
+
+    from merging.worlds.toy import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    pairs = [("ABC>", "DE"), ("A>", "BCDF")]
+    batch, score = dc._answer_batch(tokenizer, pairs)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    for i, (prompt, answer) in enumerate(pairs):
+        row = ids[i][mask[i].bool()].tolist()
+        assert tokenizer.decode(row) == prompt + answer  # left-padded, no special tokens
+        predicted = ids[i, 1:][score[i, :-1]].tolist()  # the token after each scored position
+        assert tokenizer.decode(predicted) == answer and int(score[i].sum()) == len(answer)
