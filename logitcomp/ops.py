@@ -53,18 +53,34 @@ def compose_logprobs(
     for i, expert in enumerate(experts):
         if expert.shape != base.shape:
             raise ValueError(f"experts[{i}]: expected shape {tuple(base.shape)}, got {tuple(expert.shape)}")
+    if rule == "product" and all(m is None for m in masks or ()):
+        return _product(base, experts, weights, floor)
     lb = clamped_logprobs(base, floor)  # (..., V)
     clamped = [clamped_logprobs(e, floor) for e in experts]  # finite: every log-ratio is bounded
     total = RULES[rule](lb, clamped, weights, masks or [None] * len(experts), **params)  # (..., V)
     return torch.log_softmax(total, dim=-1)  # finite: every term is bounded
 
 
-def clamped_logprobs(logits: torch.Tensor, floor: float = DEFAULT_FLOOR) -> torch.Tensor:
-    """fp32 `log_softmax(logits).clamp(min=floor)`, with NaN and ±inf logits made finite first."""
-    x = torch.nan_to_num(logits.float(), nan=floor, posinf=torch.finfo(torch.float32).max, neginf=floor)
-    # clamped in place: at a 262k vocabulary a fresh (B, V) buffer costs more on CPU (first-touch
-    # page faults) than the arithmetic on it (B = 16: 2.3 ms per model instead of 2.6)
-    return torch.log_softmax(x, dim=-1).clamp_(min=floor)
+def _product(base: torch.Tensor, experts: Sequence[torch.Tensor], weights: list[float], floor: float) -> torch.Tensor:
+    """The product rule without masks: log_softmax((1 − Σ w_i) log p_b + Σ w_i log p_i), the sum of
+    `rules.product`, in two (..., V) buffers: at a 262k vocabulary a fresh (B, V) buffer costs more on
+    CPU (first-touch page faults) than the arithmetic on it, so each expert's log-probs go into one
+    scratch buffer and are added into the base's, which is normalised in place."""
+    total = clamped_logprobs(base, floor).mul_(1.0 - sum(weights))  # (..., V)
+    scratch = None
+    for expert, w in zip(experts, weights):
+        scratch = clamped_logprobs(expert, floor, out=scratch)  # (..., V)
+        total.add_(scratch, alpha=w)
+    return torch.log_softmax(total, dim=-1, out=total)
+
+
+def clamped_logprobs(logits: torch.Tensor, floor: float = DEFAULT_FLOOR, out: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 `log_softmax(logits).clamp(min=floor)`, with NaN and ±inf logits made finite first; written
+    into `out` (fp32, shaped like `logits`) when given, else into one new tensor."""
+    x = torch.nan_to_num(logits.float(), nan=floor, posinf=torch.finfo(torch.float32).max, neginf=floor, out=out)
+    # normalised and clamped in place (log_softmax writes each element after reading it, so its
+    # output may be its input): one (..., V) buffer instead of three
+    return torch.log_softmax(x, dim=-1, out=x).clamp_(min=floor)
 
 
 def apply_eos_policy(

@@ -108,11 +108,29 @@ def test_extreme_finite_weights_stay_finite_or_are_refused(floor):
         compose_logprobs(base, [e1], floor=-1e10)
 
 
-def test_inputs_are_not_mutated():
-    base, e1 = _rand(2, seed=9), _rand(2, seed=10)
-    b0, e0 = base.clone(), e1.clone()
-    compose_logprobs(base, [e1], [-1.0], masks=[torch.ones(V, dtype=torch.bool)])
-    assert torch.equal(base, b0) and torch.equal(e1, e0)
+@pytest.mark.parametrize("masks", [None, "ones"])
+def test_inputs_are_not_mutated(masks):
+    base, e1, e2 = _rand(2, seed=9), _rand(2, seed=10), _rand(2, seed=11)
+    before = [t.clone() for t in (base, e1, e2)]
+    compose_logprobs(base, [e1, e2], [-1.0, 0.5], masks=None if masks is None else [torch.ones(V, dtype=torch.bool)] * 2)
+    assert all(torch.equal(t, b) for t, b in zip((base, e1, e2), before))
+
+
+def test_product_in_two_buffers_equals_the_rule_at_a_262k_vocabulary():
+    """The unmasked product normalises in place (log_softmax's output aliasing its input) and adds
+    the experts into one buffer: equal to the formula by hand in float64 over 262,144 tokens and to
+    the general path (masks of ones)."""
+    g = torch.Generator().manual_seed(3)
+    base, *experts = (torch.randn(2, 3, 262_144, generator=g) * 4 for _ in range(4))  # (B, T, V), k = 3
+    experts[1][0, 0, :5] = float("-inf")  # clamped at the floor, as in the general path
+    weights = [1.0, 0.7, -0.4]
+    got = compose_logprobs(base, experts, weights)
+    lb, *lps = (torch.log_softmax(x.double(), -1).clamp(min=-1e4) for x in (base, *experts))  # the floor by default
+    ref = hand_compose(lb, lps, weights)
+    general = compose_logprobs(base, experts, weights, masks=[torch.ones(262_144, dtype=torch.bool)] * 3)
+    # fp32: 1e-4 nats, and its rounding at the floored tokens (about −7000 nats here: 5e-4)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(got, general, rtol=1e-6, atol=1e-4)
 
 
 def test_masks_restrict_each_expert_to_its_tokens():
