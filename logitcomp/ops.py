@@ -53,7 +53,7 @@ def compose_logprobs(
     for i, expert in enumerate(experts):
         if expert.shape != base.shape:
             raise ValueError(f"experts[{i}]: expected shape {tuple(base.shape)}, got {tuple(expert.shape)}")
-    if rule == "product" and all(m is None for m in masks or ()):
+    if rule == "product" and all(m is None for m in masks or ()) and not _records_grad(base, *experts):
         return _product(base, experts, weights, floor)
     lb = clamped_logprobs(base, floor)  # (..., V)
     clamped = [clamped_logprobs(e, floor) for e in experts]  # finite: every log-ratio is bounded
@@ -74,10 +74,18 @@ def _product(base: torch.Tensor, experts: Sequence[torch.Tensor], weights: list[
     return torch.log_softmax(total, dim=-1, out=total)
 
 
+def _records_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records an operation on these tensors (then nothing may be written in place)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def clamped_logprobs(logits: torch.Tensor, floor: float = DEFAULT_FLOOR, out: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 `log_softmax(logits).clamp(min=floor)`, with NaN and ±inf logits made finite first; written
-    into `out` (fp32, shaped like `logits`) when given, else into one new tensor."""
-    x = torch.nan_to_num(logits.float(), nan=floor, posinf=torch.finfo(torch.float32).max, neginf=floor, out=out)
+    into `out` (fp32, shaped like `logits`) when given and autograd is not recording, else into new tensors."""
+    posinf = torch.finfo(torch.float32).max
+    if _records_grad(logits):
+        return torch.log_softmax(torch.nan_to_num(logits.float(), nan=floor, posinf=posinf, neginf=floor), dim=-1).clamp(min=floor)
+    x = torch.nan_to_num(logits.float(), nan=floor, posinf=posinf, neginf=floor, out=out)
     # normalised and clamped in place (log_softmax writes each element after reading it, so its
     # output may be its input): one (..., V) buffer instead of three
     return torch.log_softmax(x, dim=-1, out=x).clamp_(min=floor)

@@ -173,3 +173,14 @@ def test_kl_and_entropy_by_hand():
     ent = -sum(p[:, i].exp() * p[:, i] for i in range(V))
     assert (entropy(p).double() - ent).abs().max() <= 1e-5
     assert kl_divergence(p, p).abs().max() <= 1e-6
+
+
+def test_gradients_flow_through_the_product_as_through_the_general_path():
+    """Autograd cannot record in-place or out= writes: with gradients on, the product takes new tensors."""
+    grads = []
+    for masks in (None, [torch.ones(V, dtype=torch.bool)] * 2):
+        base, e1, e2 = (_rand(2, seed=s).requires_grad_() for s in (20, 21, 22))
+        compose_logprobs(base, [e1, e2], [1.0, 0.5], masks=masks)[..., 0].sum().backward()
+        grads.append(torch.cat([t.grad for t in (base, e1, e2)]))
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1])
