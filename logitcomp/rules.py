@@ -48,12 +48,6 @@ def log_ratios(lb: torch.Tensor, experts: Sequence[torch.Tensor], masks: Masks) 
 
 
 def product(lb, experts, weights, masks) -> torch.Tensor:
-    if all(m is None for m in masks):  # (1 − Σ w_i) log p_b + Σ w_i log p_i: one new (..., V) tensor and k
-        # in-place adds instead of 3k + 1 new ones (B = 16, V = 262k, k = 2: 1.8 ms instead of 6.6)
-        total = lb * (1.0 - sum(weights))
-        for expert, w in zip(experts, weights):
-            total.add_(expert, alpha=w)
-        return total
     total = lb.clone()
     for ratio, w in zip(log_ratios(lb, experts, masks), weights):
         total = total + w * ratio
