@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from peft import PeftModel
-from transformers import DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import CompileConfig, DynamicCache, GenerationMixin, PreTrainedModel, StaticCache
 from transformers.utils import ModelOutput
 
 from . import persistence
@@ -31,16 +31,29 @@ GENERATE_ONLY = frozenset({"tokenizer", "assistant_tokenizer", "assistant_model"
 
 
 class ComposedCache:
-    """KV caches of one composition: the grouped rows' cache and one per full-model expert."""
+    """KV caches of one composition: the grouped rows' cache and one per full-model expert.
 
-    is_compileable = False
+    Dynamic by default; with `max_cache_len` every cache is a transformers `StaticCache` of that many
+    positions (fixed shapes: what `torch.compile` and CUDA graphs need), made by
+    `generate(..., cache_implementation="static")`.
+    """
 
-    def __init__(self, full_experts: list[str]):
-        self.rows = DynamicCache()
-        self.full = {name: DynamicCache() for name in full_experts}
+    def __init__(self, full_experts: dict[str, PreTrainedModel], base_config=None, max_cache_len: int | None = None):
+        self.is_compileable = max_cache_len is not None
+        if self.is_compileable:
+            self.rows = StaticCache(config=base_config, max_cache_len=max_cache_len)
+            self.full = {name: StaticCache(config=m.config, max_cache_len=max_cache_len) for name, m in full_experts.items()}
+        else:
+            self.rows = DynamicCache()
+            self.full = {name: DynamicCache() for name in full_experts}
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.rows.get_seq_length(layer_idx)
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """Per layer of the rows' cache: a linear-attention (recurrent) layer; `generate` reads it at prefill."""
+        return self.rows.is_linear
 
 
 @dataclass
@@ -140,6 +153,18 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # generate must not make its own cache: forward makes a ComposedCache
 
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length):
+        """transformers' hook for `generate`'s cache: `cache_implementation="static"` gets a static ComposedCache
+        (the grouped rows' and each full expert's caches fixed at `max_cache_length`); otherwise forward makes a
+        dynamic one. With a static cache transformers compiles the decoding step on GPUs (see `generate`)."""
+        implementation = generation_config.cache_implementation
+        if model_kwargs.get("cache") is not None or implementation is None or not generation_config.use_cache:
+            return super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
+        if implementation != "static":
+            raise ValueError(f"cache_implementation: a composed model supports 'static' (or none: dynamic), got {implementation!r}")
+        length = max(max_cache_length, generation_config.max_cache_len or 0)
+        model_kwargs["cache"] = ComposedCache(dict(self.full_experts), self._hf_model.config, length)
+
     def _build_masks(self) -> dict[str, torch.Tensor]:
         vocab = self.config.get_text_config().vocab_size
         masks = {}
@@ -188,7 +213,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError(f"cache: expected a ComposedCache from a previous call, got {type(cache).__name__}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
-            cache = ComposedCache(list(self.full_experts))
+            cache = ComposedCache(dict(self.full_experts))
         batch, length = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
@@ -255,8 +280,19 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         """Expert activity and composed entropy at every position of finished sequences (e.g. `generate`'s output)."""
         return self(input_ids, attention_mask=attention_mask, use_cache=False, output_trace=True).trace
 
-    def generate(self, *args, **kwargs):
-        """transformers' `generate` on the composed distribution. Beam search and assisted decoding are refused."""
+    def generate(self, *args, compile: bool | None = None, **kwargs):
+        """transformers' `generate` on the composed distribution. Beam search and assisted decoding are refused.
+
+        Args:
+            compile: None (default) is transformers' rule: the decoding step is compiled (torch.compile, CUDA
+                graphs under its default mode "reduce-overhead") on GPUs when `cache_implementation="static"`.
+                True compiles it on any device, with a static cache unless another `cache_implementation` is
+                given, and `compile_config`'s options; False never compiles. The first compiled call
+                traces and compiles (seconds with torch's compile cache warm, over a minute cold); later
+                calls of the same batch size and cache length (`max_cache_len=`) reuse the compiled step.
+        """
+        if compile is not None:
+            kwargs = _compile_options(compile, kwargs)
         config = kwargs.get("generation_config") or self.generation_config
         if (kwargs.get("num_beams") or getattr(config, "num_beams", 1) or 1) > 1:
             raise ValueError("num_beams: beam search is not supported by composed models; use greedy or sampling")
@@ -317,6 +353,17 @@ def _dtype(dtype, torch_dtype):
     if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
         raise ValueError(f"dtype: got dtype={dtype} and torch_dtype={torch_dtype}; pass one")
     return dtype if dtype is not None else torch_dtype
+
+
+def _compile_options(compile: bool, kwargs: dict) -> dict:
+    """`generate`'s keyword arguments for compile=True/False, in transformers' own terms: a static cache and a
+    `CompileConfig` (whose private `_compile_all_devices` is transformers' switch for compiling off GPUs), or
+    `disable_compile`."""
+    if not compile:
+        return {**kwargs, "disable_compile": True}
+    config = copy.deepcopy(kwargs.get("compile_config") or CompileConfig())
+    config._compile_all_devices = True
+    return {"cache_implementation": "static", **kwargs, "compile_config": config}
 
 
 def _refuse_unknown(method: str, kwargs: dict) -> None:

@@ -24,7 +24,10 @@ reported beside the product rule's `composed`.
 `min_new_tokens` = `max_new_tokens`, so every row decodes the same number of steps), as lm-eval
 calls it; decode steps/s = (N − 1) / (t(N new tokens) − t(1 new token)), the prefill left out as in
 the loop. Only `single` and `composed` have a generate path (peft's mixed batch and the naive
-ensemble compose only in the hand-written loop).
+ensemble compose only in the hand-written loop). `--compile` (with `--generate`) adds a `SETUP+compile`
+row per setup, decoding through a static cache and the compiled step (`generate(cache_implementation=
+"static", compile_config=...)`, transformers' compile path, on any device; torch.compile's default
+"reduce-overhead" mode, i.e. CUDA graphs on a GPU); the warm-up call compiles, the timed calls reuse it.
 """
 
 from __future__ import annotations
@@ -64,10 +67,13 @@ def parse_args(argv=None):
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
     p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
+    p.add_argument("--compile", action="store_true", help="with --generate: also time each setup with a static cache and the compiled step")
     p.add_argument("--base", help="a real base model folder instead of the random Llama (its vocabulary replaces --vocab)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.compile and not args.generate:
+        p.error("--compile: the compiled step is transformers' generate path; add --generate")
     if args.base:
         from transformers import AutoConfig
 
@@ -130,22 +136,32 @@ def load_generator(setup: str, root: Path, args):
 
 
 @torch.no_grad()
-def decode_generate(model, args) -> float:
-    """Decode steps per second through `generate`: N new tokens minus 1 new token (the prefill)."""
+def decode_generate(model, args, compiled: bool) -> tuple[float, float]:
+    """Decode steps per second through `generate` (N new tokens minus 1 new token: the prefill), and the
+    seconds of the first, warm-up call (with `compiled`, the one that compiles)."""
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, args.vocab, (args.batch, args.prompt), generator=gen).to(args.device)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+
+    options = {}
+    if compiled:  # transformers compiles off GPUs only when told to (CompileConfig._compile_all_devices)
+        from transformers import CompileConfig
+
+        config = CompileConfig()
+        config._compile_all_devices = True
+        # one cache length for every timed call: the compiled step's shapes stay the same
+        options = dict(cache_implementation="static", compile_config=config, max_cache_len=args.prompt + args.new)
 
     def timed(new: int) -> float:
         sync()
         start = time.perf_counter()
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                       do_sample=False, pad_token_id=0)
+                       do_sample=False, pad_token_id=0, **options)
         sync()
         return time.perf_counter() - start
 
-    timed(2)  # warm-up
-    return (args.new - 1) / (timed(args.new) - timed(1))
+    first = timed(2)  # warm-up
+    return (args.new - 1) / (timed(args.new) - timed(1)), first
 
 
 def make_step(setup: str, root: Path, args):
@@ -251,13 +267,16 @@ def child(args) -> None:
         torch.cuda.reset_peak_memory_stats()
     baseline = 0 if args.device.startswith("cuda") else rss_bytes()
     if args.generate:
-        model = load_generator(args.child, root, args)
-        rates = [decode_generate(model, args) for _ in range(args.repeats)]
+        model = load_generator(args.child.removesuffix("+compile"), root, args)
+        runs = [decode_generate(model, args, args.child.endswith("+compile")) for _ in range(args.repeats)]
+        rates, first_call = [rate for rate, _ in runs], runs[0][1]
     else:
         step = make_step(args.child, root, args)
         rates = [decode(step, args) for _ in range(args.repeats)]
     result = {"setup": args.child, "steps_per_s": max(rates), "peak_bytes": peak_bytes(args.device) - baseline}
-    if args.child.startswith("composed"):
+    if args.generate:
+        result["first_call_s"] = first_call
+    if args.child.startswith("composed") and not args.child.endswith("+compile"):
         result["compose_s"] = composition_seconds(args, args.child.partition("@")[2] or "product")
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -270,7 +289,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build_world(args, Path(tmp))
         results = {}
-        for setup in args.setups.split(",") + [f"composed@{rule}" for rule in args.rule]:
+        setups = args.setups.split(",") + [f"composed@{rule}" for rule in args.rule]
+        for setup in setups + ([f"{s}+compile" for s in setups] if args.compile else []):
             cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", setup, "--workdir", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -287,11 +307,16 @@ def report(args, results: dict) -> None:
           f"LoRA r={args.rank} on {args.targets}, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens, "
           f"{args.dtype} on {args.device}, {args.threads} threads, {'generate' if args.generate else 'hand-written loop'}")
     single = results.get("single")
-    print(f"{'setup':<10} {'steps/s':>9} {'x single':>9} {'peak MiB':>9} {'x single':>9}")
+    print(f"{'setup':<16} {'steps/s':>9} {'x single':>9} {'peak MiB':>9} {'x single':>9}")
     for name, r in results.items():
         speed = f"{r['steps_per_s'] / single['steps_per_s']:.2f}" if single else "-"
         mem = f"{r['peak_bytes'] / single['peak_bytes']:.2f}" if single else "-"
-        print(f"{name:<10} {r['steps_per_s']:>9.1f} {speed:>9} {r['peak_bytes'] / 2**20:>9.0f} {mem:>9}")
+        print(f"{name:<16} {r['steps_per_s']:>9.1f} {speed:>9} {r['peak_bytes'] / 2**20:>9.0f} {mem:>9}")
+    for name in [n for n in results if n.endswith("+compile")]:
+        eager = results.get(name.removesuffix("+compile"))
+        if eager:
+            print(f"{name}: {results[name]['steps_per_s'] / eager['steps_per_s']:.2f}x the steps/s of {name.removesuffix('+compile')}; "
+                  f"first call {results[name]['first_call_s']:.1f} s (compiles) vs {eager['first_call_s']:.2f} s")
     comp = results.get("composed")
     if comp:
         for other in ("peft", "naive"):

@@ -96,16 +96,47 @@ def _hand_greedy(refs, ids, names, weights, steps, eos):
     return ids
 
 
+def _assert_hand_greedy(out, batch, refs, names, tok, steps):
+    """Each row of `generate`'s output is the hand loop's greedy continuation (weights 1)."""
+    for row, mask in enumerate(batch.attention_mask):
+        ids = batch.input_ids[row][mask.bool()].tolist()
+        want = _hand_greedy(refs, ids, names, [1.0] * len(names), steps, tok.eos_token_id)
+        got = out[row, batch.input_ids.shape[1] - len(ids):].tolist()[: len(want)]  # left padding dropped
+        assert got == want, f"row {row}"
+
+
 def test_greedy_generate_matches_hand_loop(tiny, refs, tok):
-    names, weights = ["a", "b", "full"], [1.0, 1.0, 1.0]
+    names = ["a", "b", "full"]
     composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names))
     batch = _left_padded(tok, PROMPTS)
     out = composed.generate(**batch, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
-    for row, mask in enumerate(batch.attention_mask):
-        ids = batch.input_ids[row][mask.bool()].tolist()
-        want = _hand_greedy(refs, ids, names, weights, 12, tok.eos_token_id)
-        got = out[row, batch.input_ids.shape[1] - len(ids):].tolist()[: len(want)]  # left padding dropped
-        assert got == want, f"row {row}"
+    _assert_hand_greedy(out, batch, refs, names, tok, 12)
+
+
+def test_static_cache_and_compiled_decoding_match_the_hand_loop(tiny, refs, tok):
+    """Issue 17.3: a static cache, eager and compiled (`compile=True`; dynamo's eager backend here: the graph capture,
+    guards and LoRA hooks without inductor's C++ build), gives the hand loop's tokens; a second call reuses the
+    compiled step; an adapter edit between calls is seen by the compiled step."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    names = ["a", "b", "full"]
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names))
+    batch = _left_padded(tok, PROMPTS)
+    greedy = dict(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    _assert_hand_greedy(composed.generate(**batch, **greedy, cache_implementation="static"), batch, refs, names, tok, 12)
+    compiled = dict(greedy, compile=True, compile_config=CompileConfig(backend="eager", mode=None))
+    counters.clear()
+    _assert_hand_greedy(composed.generate(**batch, **compiled), batch, refs, names, tok, 12)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs > 0 and hasattr(composed, "_compiled_call")  # the decoding step went through torch.compile
+    again = composed.generate(**batch, **compiled)
+    assert counters["stats"]["unique_graphs"] == graphs  # reused, not recompiled
+    layer = next(m for m in composed.model.modules() if hasattr(m, "lora_B") and "a" in m.lora_B)
+    with torch.no_grad():
+        layer.lora_B["a"].weight.mul_(-4.0)
+    edited = composed.generate(**batch, **greedy)  # the eager dynamic path, checked against the hand loop above
+    assert not torch.equal(edited, again) and torch.equal(composed.generate(**batch, **compiled), edited)
 
 
 def _assert_in_nucleus(composed, batch, sampled, top_p, temperature, eos):

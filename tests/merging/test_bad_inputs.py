@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
@@ -236,16 +237,8 @@ def _model_cases(tiny) -> dict:
         "generate: bad rule parameter": ((lambda c: ["generate", "--recipe", _recipe(c, tiny), "--prompt", "AB>", "--rule", "activity", "--rule-param", "gamma"]),
                                          r"--rule-param: expected NAME=NUMBER, got 'gamma'"),
         "generate: unknown rule": ((lambda c: ["generate", "--recipe", _recipe(c, tiny), "--prompt", "AB>", "--rule", "blend"]), r"rule: expected one of"),
-        "lm-eval: rule parameter not a number": _lm_eval(tiny, "base={base},experts=a:{a},rule=activity,rule_params=gamma:x", r"rule_params\.gamma: expected a number, got 'x'"),
         "unknown command": ((lambda c: ["evaluate", "x.yaml"]), r"argument command: invalid choice: 'evaluate'"),
         "lm-eval: weight not a number": _lm_eval(tiny, "base={base},experts=a:{a},weights=a:abc", r"^logitcomp-lm-eval: error: weights\.a: expected a number, got 'abc'$"),
-        "lm-eval: unknown model arg": _lm_eval(tiny, "base={base},experts=a:{a},colour=blue", r"model_args: unknown argument 'colour' for the logitcomp model"),
-        "lm-eval: experts without names": _lm_eval(tiny, "base={base},experts={a}", r"experts: expected name:value items joined by '\|'"),
-        "lm-eval: floor not a number": _lm_eval(tiny, "base={base},experts=a:{a},floor=abc", r"floor: expected a number, got 'abc'"),
-        "lm-eval: no model": _lm_eval(tiny, "max_length=64", r"model_args: expected pretrained=<composed folder>, or base=<folder>"),
-        "lm-eval: missing composition": _lm_eval(tiny, "pretrained=/nonexistent/composition", r"/nonexistent/composition: no composition\.json"),
-        "lm-eval: bad flag": _lm_eval(tiny, "base={base},experts=a:{a},allow_pickle=perhaps", r"allow_pickle: expected true or false, got 'perhaps'"),
-        "lm-eval: bad dtype": _lm_eval(tiny, "base={base},experts=a:{a},dtype=float33", r"dtype: expected auto, float32, float16, bfloat16 or float64, got 'float33'"),
         "lm-eval: NaN adapter": ((lambda c: _lm_eval(tiny, f"base={{base}},experts=a:{_tensors(_copy(tiny.adapters['a'], c, 'nan'), _nan)}", "")[0](c)),
                                  r"expert 'a': .*nan has NaN or inf in"),
     }
@@ -293,6 +286,32 @@ def test_every_bad_input_is_one_line_exit_2_and_writes_nothing(tiny, tmp_path):
             failures.append(f"{name}: wrote {sorted(set(after.items()) - set(before.items()))}")
     print(f"{len(cases)} bad inputs checked")
     assert not failures, "\n".join(failures)
+
+
+# Model-argument errors of the lm-eval model, raised where lm-eval's CLI creates it (`create_from_arg_string`) and
+# checked in this process: each lm-eval CLI start indexes lm-eval's ~15,000 task files first (10 s), so the table
+# above runs three of them end to end (a model argument, a NaN adapter, an unknown task) through the same wrapper.
+LM_EVAL_MODEL_ARGS = [
+    ("rule parameter not a number", "base={base},experts=a:{a},rule=activity,rule_params=gamma:x", r"rule_params\.gamma: expected a number, got 'x'"),
+    ("unknown model arg", "base={base},experts=a:{a},colour=blue", r"model_args: unknown argument 'colour' for the logitcomp model"),
+    ("experts without names", "base={base},experts={a}", r"experts: expected name:value items joined by '\|'"),
+    ("floor not a number", "base={base},experts=a:{a},floor=abc", r"floor: expected a number, got 'abc'"),
+    ("no model", "max_length=64", r"model_args: expected pretrained=<composed folder>, or base=<folder>"),
+    ("missing composition", "pretrained=/nonexistent/composition", r"/nonexistent/composition: no composition\.json"),
+    ("bad flag", "base={base},experts=a:{a},allow_pickle=perhaps", r"allow_pickle: expected true or false, got 'perhaps'"),
+    ("bad dtype", "base={base},experts=a:{a},dtype=float33", r"dtype: expected auto, float32, float16, bfloat16 or float64, got 'float33'"),
+]
+
+
+@pytest.mark.parametrize(("model_args", "pattern"), [c[1:] for c in LM_EVAL_MODEL_ARGS], ids=[c[0] for c in LM_EVAL_MODEL_ARGS])
+def test_lm_eval_model_arguments_fail_with_one_line_naming_the_argument(tiny, model_args, pattern):
+    from merging.cli import one_line
+    from merging.harness import LogitcompLM
+
+    args = model_args.format(base=tiny.base, a=tiny.adapters["a"])
+    with pytest.raises((ValueError, OSError, RuntimeError, TypeError)) as raised:  # what the wrapper turns into exit 2
+        LogitcompLM.create_from_arg_string(args, {"batch_size": 1, "max_batch_size": None, "device": None})
+    assert re.search(pattern, one_line(raised.value)), one_line(raised.value)
 
 
 def test_ctrl_c_ends_with_one_line_and_leaves_nothing_half_written(tiny, tmp_path):

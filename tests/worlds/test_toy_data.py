@@ -83,3 +83,41 @@ def test_lm_eval_writes_padded_prompts_like_the_world():
     assert len(docs) == 200 and {len(d["input"]) for d in docs} >= {2, 16}
     for d in docs:
         assert task.doc_to_text(d) == prompt_of(d["input"], "padded") and task.doc_to_target(d) == d["target"]
+
+
+
+
+def _tokenizer_batch(tok, rng, rules, size, corrupt, layout):
+    """make_batch's rows and labels as the tokenizer encodes them (the reference: same draws, tokenizer calls)."""
+    from merging.worlds.toy.data import PAD_CHAR, PADDED_WIDTH, prompt_of
+
+    rows, labels = [], []
+    for _ in range(size):
+        x, y = sample_training_pair(rng, rules)
+        offset = rng.randint(0, PADDED_WIDTH - len(x)) if layout == "padded" else 0
+        prompt = tok(prompt_of(x, layout, offset)).input_ids
+        answer = tok(PAD_CHAR * offset + y, add_special_tokens=False).input_ids + [tok.eos_token_id]
+        fed = prompt + answer
+        for t in range(len(prompt), len(fed) - 1):
+            if rng.random() < corrupt:
+                fed[t] = rng.choice(tok.convert_tokens_to_ids(list(ALPHABET)))
+        rows.append(fed)
+        labels.append([-100] * (len(prompt) - 1) + answer + [-100])
+    return rows, labels
+
+
+@pytest.mark.parametrize("layout", ["copy", "padded"])
+def test_training_batches_encode_as_the_tokenizer_does(layout, tmp_path):
+    """make_batch encodes by a dict lookup (for speed): its rows, corrupted letters and labels equal those of the
+    saved tokenizer's encoding of the same draws."""
+    from merging.worlds.common import TrainSettings
+    from merging.worlds.toy.train import make_batch
+
+    make_tokenizer().save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    inputs, labels, mask = make_batch(tok, random.Random(1), ("a2b", "c2d"), TrainSettings(0, 32, 0.0, 0.3), layout)
+    rows, want_labels = _tokenizer_batch(tok, random.Random(1), ("a2b", "c2d"), 32, 0.3, layout)
+    corrupted = [t for r, lab in zip(rows, want_labels) for t in range(len(r) - 2) if lab[t] != -100 and r[t + 1] != lab[t]]
+    assert corrupted  # fed-back letters that differ from the clean target
+    for row, label, n, want, want_label in zip(inputs.tolist(), labels.tolist(), mask.sum(-1).tolist(), rows, want_labels):
+        assert row[:n] == want and label[:n] == want_label

@@ -53,13 +53,16 @@ def make_batch(
         inputs (B, T) with answer letters possibly corrupted, targets (B, T) holding the clean
         next token on answer and EOS positions and -100 elsewhere, attention mask (B, T).
     """
-    letter_ids = tokenizer.convert_tokens_to_ids(list(ALPHABET))
+    # The toy tokenizer is one token per character with BOS prepended, so a dict lookup encodes what
+    # `tokenizer(text)` does: two tokenizer calls per row took 15% of a training step (tested equal).
+    vocab = tokenizer.get_vocab()
+    letter_ids = [vocab[c] for c in ALPHABET]
     rows, targets = [], []
     for _ in range(settings.batch_size):
         x, y = sample_training_pair(rng, rules)
         offset = rng.randint(0, PADDED_WIDTH - len(x)) if layout == "padded" else 0
-        prompt = tokenizer(prompt_of(x, layout, offset)).input_ids  # [BOS] (pads) x (pads) >
-        answer = tokenizer(PAD_CHAR * offset + y, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        prompt = [tokenizer.bos_token_id, *(vocab[c] for c in prompt_of(x, layout, offset))]  # [BOS] (pads) x (pads) >
+        answer = [*(vocab[c] for c in PAD_CHAR * offset + y), tokenizer.eos_token_id]
         seq = prompt + answer
         # position t predicts seq[t+1]; only the answer and EOS are scored
         tgt = [-100] * (len(prompt) - 1) + answer + [-100]
