@@ -18,10 +18,15 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 REQUESTS = re.compile(r"rank (\d) of 2: (\d+) (\w+) requests")
 
 
-def _run(command: list[str], cwd: Path) -> str:
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout + proc.stderr
+def _run(*commands: tuple[list[str], Path]) -> list[str]:
+    """Run (command, cwd) pairs at once (one thread each; mostly start-up and lm-eval's task indexing); their output."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=ENV) for c, cwd in commands]
+    outputs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        outputs.append(stdout + stderr)
+    return outputs
 
 
 def _samples(folder: Path) -> dict:
@@ -38,8 +43,7 @@ def _samples(folder: Path) -> dict:
 def test_lm_eval_under_torchrun_splits_the_requests_and_gathers_the_same_numbers(tiny, tmp_path):
     args = ["-m", "lm_eval", "--model", "logitcomp", "--model_args", f"base={tiny.base},experts=a:{tiny.adapters['a']}|b:{tiny.adapters['b']}",
             "--tasks", "toy_a2b_c2d,smol_text", "--limit", "10", "--batch_size", "1", "--include_path", str(TASKS), "--log_samples"]
-    two = _run([*TORCHRUN, *args, "--output_path", "two"], tmp_path)
-    _run([sys.executable, *args, "--output_path", "one"], tmp_path)
+    two, _ = _run(([*TORCHRUN, *args, "--output_path", "two"], tmp_path), ([sys.executable, *args, "--output_path", "one"], tmp_path))
     shares = sorted(REQUESTS.findall(two))
     assert shares == [("0", "5", "generate_until"), ("0", "5", "loglikelihood_rolling"),
                       ("1", "5", "generate_until"), ("1", "5", "loglikelihood_rolling")], shares
@@ -59,8 +63,8 @@ def test_a_recipe_run_on_two_processes_writes_what_one_process_writes(tiny, tmp_
     for folder in ("one", "two"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    _run([sys.executable, "-m", "merging.cli", "run", "recipe.yaml"], tmp_path / "one")
-    log = _run([sys.executable, "-m", "merging.cli", "run", "--processes", "2", "recipe.yaml"], tmp_path / "two")
+    _, log = _run(([sys.executable, "-m", "merging.cli", "run", "recipe.yaml"], tmp_path / "one"),
+                  ([sys.executable, "-m", "merging.cli", "run", "--processes", "2", "recipe.yaml"], tmp_path / "two"))
     assert sorted(set(REQUESTS.findall(log))) == [("0", "3", "generate_until"), ("0", "3", "loglikelihood_rolling"),
                                                   ("1", "3", "generate_until"), ("1", "3", "loglikelihood_rolling")]
     results = [json.loads((tmp_path / d / "out" / "results.json").read_text())["results"] for d in ("one", "two")]

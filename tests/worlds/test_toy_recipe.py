@@ -37,16 +37,17 @@ def test_toy_recipe_composed_solves_the_pair_task_and_lm_eval_cli_agrees(toy_fac
     assert list((out / "lm_eval" / "composed").rglob("samples_toy_a2b_c2d_*.jsonl"))
 
     # The same number from lm-eval's own command (found through the installed .pth hook) and from
-    # the logitcomp-lm-eval wrapper.
+    # the logitcomp-lm-eval wrapper; both at once (one thread each: each start is mostly lm-eval indexing its tasks).
     args = f"base={world.base},experts=a2b:{world.expert('a2b')}|c2d:{world.expert('c2d')}"
     bindir = Path(sys.executable).parent
-    for command in (["lm_eval", "--include_path", str(TASKS)], ["logitcomp-lm-eval"]):
-        cli = tmp_path / command[0]
-        proc = subprocess.run(
-            [str(bindir / command[0]), *command[1:], "--model", "logitcomp", "--model_args", args,
-             "--tasks", "toy_a2b_c2d", "--batch_size", "50", "--output_path", str(cli)],
-            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        saved = json.loads(next(cli.rglob("results_*.json")).read_text())
-        assert saved["results"]["toy_a2b_c2d"]["exact_match,none"] == pair["composed"], command[0]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    procs = {command[0]: subprocess.Popen(
+        [str(bindir / command[0]), *command[1:], "--model", "logitcomp", "--model_args", args,
+         "--tasks", "toy_a2b_c2d", "--batch_size", "50", "--output_path", str(tmp_path / command[0])],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    ) for command in (["lm_eval", "--include_path", str(TASKS)], ["logitcomp-lm-eval"])}
+    for name, proc in procs.items():
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-2000:]
+        saved = json.loads(next((tmp_path / name).rglob("results_*.json")).read_text())
+        assert saved["results"]["toy_a2b_c2d"]["exact_match,none"] == pair["composed"], name
