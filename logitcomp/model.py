@@ -158,10 +158,12 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         (the grouped rows' and each full expert's caches fixed at `max_cache_length`); otherwise forward makes a
         dynamic one. With a static cache transformers compiles the decoding step on GPUs (see `generate`)."""
         implementation = generation_config.cache_implementation
-        if model_kwargs.get("cache") is not None or implementation is None or not generation_config.use_cache:
+        if model_kwargs.get("cache") is not None or not generation_config.use_cache:
             return super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
+        if implementation in (None, "dynamic"):
+            return None  # forward makes a dynamic ComposedCache
         if implementation != "static":
-            raise ValueError(f"cache_implementation: a composed model supports 'static' (or none: dynamic), got {implementation!r}")
+            raise ValueError(f"cache_implementation: a composed model supports 'static' or 'dynamic', got {implementation!r}")
         length = max(max_cache_length, generation_config.max_cache_len or 0)
         model_kwargs["cache"] = ComposedCache(dict(self.full_experts), self._hf_model.config, length)
 
