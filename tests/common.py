@@ -1,7 +1,10 @@
-"""Tiny random models for unit tests (a few thousand parameters), after mergekit's make_picollama."""
+"""Tiny random models for unit tests (a few thousand parameters), after mergekit's make_picollama; and
+`run_side_by_side` for tests that start several processes."""
 
 from __future__ import annotations
 
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -66,3 +69,11 @@ def make_tiny_full_expert(base_dir: Path, out_dir: Path, seed: int) -> Path:
     model.save_pretrained(out_dir)
     make_tokenizer().save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def run_side_by_side(*commands: dict) -> list[subprocess.CompletedProcess]:
+    """`subprocess.run(**kwargs)` of each command, all at once, in order of the arguments. For commands that
+    mostly start up (lm-eval indexes its ~15,000 task files at every start) or use one thread each; each runs
+    in its own thread, which reads that process's pipes, so no process stalls on a full pipe."""
+    with ThreadPoolExecutor(max(1, len(commands))) as pool:
+        return list(pool.map(lambda kwargs: subprocess.run(**kwargs), commands))

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+from common import run_side_by_side
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
@@ -19,14 +20,11 @@ REQUESTS = re.compile(r"rank (\d) of 2: (\d+) (\w+) requests")
 
 
 def _run(*commands: tuple[list[str], Path]) -> list[str]:
-    """Run (command, cwd) pairs at once (one thread each; mostly start-up and lm-eval's task indexing); their output."""
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=ENV) for c, cwd in commands]
-    outputs = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr[-3000:]
-        outputs.append(stdout + stderr)
-    return outputs
+    """Run (command, cwd) pairs side by side (one thread each); their stdout + stderr."""
+    done = run_side_by_side(*(dict(args=c, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=600) for c, cwd in commands))
+    for proc in done:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return [proc.stdout + proc.stderr for proc in done]
 
 
 def _samples(folder: Path) -> dict:

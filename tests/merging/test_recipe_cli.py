@@ -13,7 +13,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from common import make_tiny_llama, make_tiny_lora
+from common import make_tiny_llama, make_tiny_lora, run_side_by_side
 from merging.recipe import Recipe, RecipeError
 from merging.recipe_file import load_recipe
 
@@ -35,9 +35,14 @@ def write_recipe(tmp_path: Path, tiny, **changes) -> Path:
     return path
 
 
-def cli(*args, cwd=None):
+def cli_command(*args, cwd=None) -> dict:
+    """`subprocess.run`'s arguments for `logitcomp ARGS` (code evaluation not opted into)."""
     env = {k: v for k, v in os.environ.items() if k != "HF_ALLOW_CODE_EVAL"}
-    return subprocess.run([sys.executable, "-m", "merging.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env)
+    return dict(args=[sys.executable, "-m", "merging.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def cli(*args, cwd=None):
+    return subprocess.run(**cli_command(*args, cwd=cwd))
 
 
 def _tree(root: Path) -> dict[str, int]:
@@ -173,11 +178,8 @@ def test_shipped_recipes_parse(name):
 
 
 def test_gemma_recipe_validates_and_dry_runs_offline():
-    from concurrent.futures import ThreadPoolExecutor
-
     recipe = TASKS.parent / "gemma2-2b-math-code.yaml"
-    with ThreadPoolExecutor(2) as pool:  # each mostly indexes lm-eval's own tasks (gsm8k, humaneval): side by side
-        validated, proc = pool.map(lambda args: cli(*args), [("validate", recipe), ("run", recipe, "--dry-run")])
+    validated, proc = run_side_by_side(cli_command("validate", recipe), cli_command("run", recipe, "--dry-run"))  # each mostly indexes lm-eval's tasks
     assert validated.returncode == 0, validated.stderr
     assert proc.returncode == 0, proc.stderr
     for row in ("base", "math", "code", "composed", "merged"):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from common import run_side_by_side
 
 
 VARIANTS = ("factorised", "entangled")
@@ -23,24 +24,15 @@ def toy_worlds(tmp_path_factory) -> dict:
     records its thread count; the bars and every test hold for either)."""
     from merging.worlds.toy import ToyConfig, ToyWorld
 
-    worlds, builds = {}, {}
-    try:
-        for variant in VARIANTS:
-            reuse = os.environ.get(f"LOGITCOMP_TOY_{variant.upper()}")
-            if reuse:
-                worlds[variant] = ToyWorld.load(Path(reuse))
-                continue
-            root = tmp_path_factory.mktemp(f"toy-{variant}") / "world"
-            command = [sys.executable, "-m", "merging.cli", "-q", "toy", "build", str(root), "--variant", variant]
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            builds[variant] = root, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for variant, (root, proc) in builds.items():
-            _, stderr = proc.communicate()
-            assert proc.returncode == 0, f"the {variant} toy world did not build:\n{stderr[-3000:]}"
-            worlds[variant] = ToyWorld.load(root)
-    finally:
-        for _, proc in builds.values():
-            proc.kill()  # a no-op for an ended process; stops the other build when one failed or the session is interrupted
+    reuse = {v: os.environ.get(f"LOGITCOMP_TOY_{v.upper()}") for v in VARIANTS}
+    worlds = {v: ToyWorld.load(Path(path)) for v, path in reuse.items() if path}
+    roots = {v: tmp_path_factory.mktemp(f"toy-{v}") / "world" for v in VARIANTS if v not in worlds}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = run_side_by_side(*(dict(args=[sys.executable, "-m", "merging.cli", "-q", "toy", "build", str(root), "--variant", v],
+                                   capture_output=True, text=True, env=env) for v, root in roots.items()))
+    for (variant, root), proc in zip(roots.items(), done):
+        assert proc.returncode == 0, f"the {variant} toy world did not build:\n{proc.stderr[-3000:]}"
+        worlds[variant] = ToyWorld.load(root)
     for variant, world in worlds.items():
         assert world.config == ToyConfig(variant=variant), f"{world.root} holds another toy configuration"
     return worlds

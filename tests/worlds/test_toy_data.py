@@ -85,8 +85,6 @@ def test_lm_eval_writes_padded_prompts_like_the_world():
         assert task.doc_to_text(d) == prompt_of(d["input"], "padded") and task.doc_to_target(d) == d["target"]
 
 
-
-
 def _tokenizer_batch(tok, rng, rules, size, corrupt, layout):
     """make_batch's rows and labels as the tokenizer encodes them (the reference: same draws, tokenizer calls)."""
     from merging.worlds.toy.data import PAD_CHAR, PADDED_WIDTH, prompt_of

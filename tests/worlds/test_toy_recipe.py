@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from common import run_side_by_side
 from merging.runner import run_recipe
 
 pytestmark = pytest.mark.slow
@@ -41,13 +41,12 @@ def test_toy_recipe_composed_solves_the_pair_task_and_lm_eval_cli_agrees(toy_fac
     args = f"base={world.base},experts=a2b:{world.expert('a2b')}|c2d:{world.expert('c2d')}"
     bindir = Path(sys.executable).parent
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    procs = {command[0]: subprocess.Popen(
-        [str(bindir / command[0]), *command[1:], "--model", "logitcomp", "--model_args", args,
-         "--tasks", "toy_a2b_c2d", "--batch_size", "50", "--output_path", str(tmp_path / command[0])],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-    ) for command in (["lm_eval", "--include_path", str(TASKS)], ["logitcomp-lm-eval"])}
-    for name, proc in procs.items():
-        _, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr[-2000:]
-        saved = json.loads(next((tmp_path / name).rglob("results_*.json")).read_text())
-        assert saved["results"]["toy_a2b_c2d"]["exact_match,none"] == pair["composed"], name
+    commands = (["lm_eval", "--include_path", str(TASKS)], ["logitcomp-lm-eval"])
+    done = run_side_by_side(*(dict(
+        args=[str(bindir / command[0]), *command[1:], "--model", "logitcomp", "--model_args", args,
+              "--tasks", "toy_a2b_c2d", "--batch_size", "50", "--output_path", str(tmp_path / command[0])],
+        capture_output=True, text=True, env=env, timeout=600) for command in commands))
+    for command, proc in zip(commands, done):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        saved = json.loads(next((tmp_path / command[0]).rglob("results_*.json")).read_text())
+        assert saved["results"]["toy_a2b_c2d"]["exact_match,none"] == pair["composed"], command[0]
