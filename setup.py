@@ -3,7 +3,7 @@
 Everything else lives in pyproject.toml. setuptools has no declarative way to put a file at
 the top of a wheel (data_files land under the install prefix, and editable wheels carry no
 build_py output), hence the two small command overrides; the .pth is what lets the plain
-`lm_eval --model logitcomp` command find the model (see merging/lm_eval_hook.py).
+`lm_eval --model logitcomp` command find the model (see merging/harness/plugin.py).
 """
 
 from pathlib import Path

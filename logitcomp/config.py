@@ -6,40 +6,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from .rules import get_rule
+
 DEFAULT_FLOOR = -1e4  # the paper's code clamps base log-probs here
 EOS_POLICIES = ("compose", "base", "any", "all")
 # Bounds that keep the composition finite in fp32: each term w_i * (log p_i - log p_b) is at most
 # MAX_WEIGHT * |MIN_FLOOR| = 1e15 (fp32 holds 3.4e38); no useful composition comes near them.
 MAX_WEIGHT = 1e6
 MIN_FLOOR = -1e9
-# rule -> parameter -> (default, min, max): the rules are logitcomp/rules.py (torch); validated here without it
-RULE_PARAMS: dict[str, dict[str, tuple[float, float, float]]] = {
-    "product": {},
-    "tempered": {"scale": (1.0, 0.0, 10.0)},
-    "activity": {"gamma": (1.0, 0.0, 100.0)},
-    "confident": {"gamma": (1.0, 0.0, 100.0)},
-    "union": {},
-    "plausible": {"alpha": (0.1, 0.0, 1.0)},
-}
-
-
-def check_rule(rule, params) -> dict[str, float]:
-    """Every parameter of `rule` (defaults filled in) as floats. Raises ValueError naming a bad rule or parameter."""
-    if rule not in RULE_PARAMS:
-        raise ValueError(f"rule: expected one of {list(RULE_PARAMS)}, got {rule!r}")
-    if not isinstance(params, dict):
-        raise ValueError(f"rule_params: expected a mapping of parameter name to number, got {params!r}")
-    spec = RULE_PARAMS[rule]
-    unknown = sorted(set(params) - set(spec))
-    if unknown:
-        raise ValueError(f"rule_params: {rule} takes {sorted(spec) or 'no parameters'}, got {unknown[0]!r}")
-    out = {}
-    for name, (default, lo, hi) in spec.items():
-        value = params.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (lo <= value <= hi):
-            raise ValueError(f"rule_params.{name}: expected a number in [{lo:g}, {hi:g}], got {value!r}")
-        out[name] = float(value)
-    return out
 
 
 def check_weights(weights: Sequence[float], names: Sequence[str] | None = None) -> list[float]:
@@ -72,9 +46,9 @@ class CompositionConfig:
         masks: expert name -> token ids on which its log-ratio applies (the paper's factorised
             conditionals); experts left out apply everywhere.
         trace: forward also returns each expert's activity KL(p_i ‖ p_b) and the composed entropy.
-        rule: how the log-probs combine (logitcomp/rules.py): `product` (the paper's), `tempered`,
-            `activity`, `confident`, `union` or `plausible`; EOS policies and masks apply with every rule.
-        rule_params: the rule's parameters (RULE_PARAMS: defaults and ranges).
+        rule: how the log-probs combine: a name of `logitcomp.rules.RULES` (`product`, the paper's, by
+            default); EOS policies and masks apply with every rule.
+        rule_params: the rule's parameters (`RULES[rule].params`: defaults and ranges).
     """
 
     weights: dict[str, float] = field(default_factory=dict)
@@ -99,7 +73,7 @@ class CompositionConfig:
             if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
                 raise ValueError(f"masks[{name!r}]: expected a list of non-negative token ids, got {ids!r}")
         self.masks = {name: list(ids) for name, ids in self.masks.items()}
-        self.rule_params = check_rule(self.rule, self.rule_params)
+        self.rule_params = get_rule(self.rule).check(self.rule_params)
 
     def check_experts(self, names: list[str]) -> None:
         """Raise ValueError when weights or masks name an expert that is not composed."""

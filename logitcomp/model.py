@@ -23,7 +23,7 @@ from . import persistence
 from .config import CompositionConfig
 from .grouped_lora import LoraStack, grouped_lora
 from .loading import LoadOptions
-from .ops import apply_eos_policy, compose_logprobs, entropy, kl_divergence
+from .ops import Composer, entropy, kl_divergence
 
 log = logging.getLogger(__name__)
 # transformers' generate hands its own arguments on to every forward call (models take **kwargs)
@@ -108,12 +108,14 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(copy.deepcopy(hf_model.config))
         full_experts = dict(full_experts or {})
         lora = [e for e in experts if e not in full_experts]
-        composition = composition or CompositionConfig()
-        composition.check_experts(list(experts))
         if len(set(experts)) != len(experts):
             raise ValueError(f"experts: names must be unique, got {experts}")
         if not experts:
             raise ValueError("experts: expected at least one expert")
+        vocab = hf_model.config.get_text_config().vocab_size
+        for name, expert in full_experts.items():  # checked here, not at every step
+            if expert.config.get_text_config().vocab_size != vocab:
+                raise ValueError(f"expert {name!r}: a vocabulary of {expert.config.get_text_config().vocab_size} tokens, the base {vocab}")
         held = set(model.peft_config) if isinstance(model, PeftModel) else set()
         missing = [e for e in lora if e not in held]
         if missing:
@@ -127,23 +129,39 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.full_experts = torch.nn.ModuleDict(full_experts)
         self.experts = list(experts)
         self.lora_experts = lora
-        self.composition = composition
+        self._hf_model = hf_model
+        self._mask_buffers = {}
+        self.composition = composition or CompositionConfig()  # checked and compiled into a Composer (the setter)
         self.sources = dict(sources or {})
         if "base" not in self.sources and Path(hf_model.config._name_or_path or "").is_dir():
             # a base loaded by a relative path: resolved now, against the folder it was loaded from
             self.sources["base"] = str(Path(hf_model.config._name_or_path).resolve())
         self.generation_config = copy.deepcopy(hf_model.generation_config)
-        self._hf_model = hf_model
         self._lora = LoraStack(model, lora) if isinstance(model, PeftModel) else None
         self._routing = False  # True while `generate` holds the routing for all its steps
-        # per-step constants live on the model's device and follow `.to()` (buffers): a decoding step
-        # copies nothing from the host (masks are bool, so `.to(dtype)` leaves them as they are)
-        self._mask_buffers = {}
-        for i, (name, mask) in enumerate(self._build_masks().items()):
-            self.register_buffer(f"mask_{i}", mask.to(hf_model.device), persistent=False)
-            self._mask_buffers[name] = f"mask_{i}"
         self._eos = ((), torch.zeros(0, dtype=torch.long))  # (ids, the same ids as a tensor on the last device used)
         self.eval()
+
+    @property
+    def composition(self) -> CompositionConfig:
+        """The composition options; assigning new ones checks them and compiles them once."""
+        return self._composition
+
+    @composition.setter
+    def composition(self, config: CompositionConfig) -> None:
+        config.check_experts(self.experts)
+        masks = self._build_masks(config.masks)
+        self._composer = Composer.build([config.weight(e) for e in self.experts], floor=config.floor, rule=config.rule,
+                                        rule_params=config.rule_params, eos_policy=config.eos_policy, masked=bool(masks))
+        # per-step constants live on the model's device and follow `.to()` (buffers): a decoding step
+        # copies nothing from the host (masks are bool, so `.to(dtype)` leaves them as they are)
+        for buffer in self._mask_buffers.values():
+            delattr(self, buffer)
+        self._mask_buffers = {}
+        for i, (name, mask) in enumerate(masks.items()):
+            self.register_buffer(f"mask_{i}", mask.to(self._hf_model.device), persistent=False)
+            self._mask_buffers[name] = f"mask_{i}"
+        self._composition = config
 
     def get_input_embeddings(self) -> torch.nn.Module:
         """The base model's token embeddings (shared by every LoRA row)."""
@@ -167,10 +185,11 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         length = max(max_cache_length, generation_config.max_cache_len or 0)
         model_kwargs["cache"] = ComposedCache(dict(self.full_experts), self._hf_model.config, length)
 
-    def _build_masks(self) -> dict[str, torch.Tensor]:
+    def _build_masks(self, masks_ids: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+        """Expert name -> bool (V,) mask of the token ids its log-ratio applies on."""
         vocab = self.config.get_text_config().vocab_size
         masks = {}
-        for name, ids in self.composition.masks.items():
+        for name, ids in masks_ids.items():
             if ids and max(ids) >= vocab:
                 raise ValueError(f"masks[{name!r}]: token id {max(ids)} is outside the vocabulary of {vocab}")
             mask = torch.zeros(vocab, dtype=torch.bool)
@@ -251,15 +270,10 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         return out
 
     def _compose(self, base, experts, cache, output_trace) -> ComposedCausalLMOutput:
-        c = self.composition
-        if any(e.shape[-1] != base.shape[-1] for e in experts):
-            raise ValueError(f"experts return {[e.shape[-1] for e in experts]} logits, the base {base.shape[-1]}")
         masks = [getattr(self, self._mask_buffers[e]) if e in self._mask_buffers else None for e in self.experts]
-        weights = [c.weight(e) for e in self.experts]
-        composed = compose_logprobs(base, experts, weights, floor=c.floor, masks=masks, rule=c.rule, rule_params=c.rule_params)  # (B, T, V)
-        composed = apply_eos_policy(composed, base, experts, self._eos_tensor(composed.device), c.eos_policy, c.floor)
+        composed = self._composer(base, experts, masks, self._eos_tensor(base.device))  # (B, T, V)
         trace = None
-        if c.trace if output_trace is None else output_trace:
+        if self.composition.trace if output_trace is None else output_trace:
             lb = torch.log_softmax(base.float(), -1)
             kl = torch.stack([kl_divergence(torch.log_softmax(e.float(), -1), lb) for e in experts], -1)  # (B, T, k)
             trace = CompositionTrace(list(self.experts), kl, entropy(composed))

@@ -3,17 +3,72 @@
     log p̂ = log_softmax( log p_b + Σ_i w_i · m_i ⊙ (log p_i − log p_b) )
 
 with w_i = 1 and m_i = 1 the rule of "Compositional Generalization in Autoregressive Models via
-Logit Composition". Nothing here holds state or mutates its inputs.
+Logit Composition". `Composer` is that rule with its options checked once (what a model applies
+at every decoding step); `compose_logprobs` checks and applies it in one call. Nothing here holds
+state or mutates its inputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from .config import DEFAULT_FLOOR, EOS_POLICIES, MIN_FLOOR, check_rule, check_weights  # noqa: F401  (EOS_POLICIES: re-exported)
-from .rules import RULES
+from .config import DEFAULT_FLOOR, EOS_POLICIES, MIN_FLOOR, check_weights
+from .rules import RULES, get_rule
+
+
+@dataclass(frozen=True)
+class Composer:
+    """A composition whose options were checked once, at `build`: calling it at every decoding step
+    checks nothing. `ComposedModelForCausalLM` builds one from its `CompositionConfig`."""
+
+    weights: tuple[float, ...]
+    floor: float
+    rule: Callable[..., torch.Tensor]  # RULES[name].function with its parameters bound
+    plain_product: bool  # the product rule without masks: composed in two buffers (`_product`)
+    eos_pick: Callable[[torch.Tensor], torch.Tensor] | None  # (k+1, ..., E) -> (..., E); None: EOS as composed
+
+    @classmethod
+    def build(cls, weights: Sequence[float], *, floor: float = DEFAULT_FLOOR, rule: str = "product",
+              rule_params: dict | None = None, eos_policy: str = "compose", masked: bool = False) -> Composer:
+        """Check the options of a composition of `len(weights)` experts.
+
+        Args:
+            weights: one float per expert in [-1e6, 1e6] (negative = anti-expert).
+            floor: in [-1e9, 0): log-probs are clamped here.
+            rule, rule_params: a rule of `logitcomp.rules.RULES` and its parameters.
+            eos_policy: one of `EOS_POLICIES` (see `apply_eos_policy`).
+            masked: whether some expert's log-ratio will be masked.
+
+        Raises:
+            ValueError: naming the bad weight, floor, rule, parameter or policy.
+        """
+        weights = tuple(check_weights(list(weights)))
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not MIN_FLOOR <= floor < 0:
+            raise ValueError(f"floor: expected a negative number >= -1e9, got {floor!r}")
+        spec = get_rule(rule)
+        if eos_policy not in EOS_POLICIES:
+            raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {eos_policy!r}")
+        return cls(weights, float(floor), spec.bind(spec.check(dict(rule_params or {}))), spec is RULES["product"] and not masked,
+                   EOS_PICKS[eos_policy])
+
+    def __call__(self, base: torch.Tensor, experts: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None] | None = None,
+                 eos_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Composed fp32 log-probs (..., V) of base and expert logits (..., V); `masks`: bool (V,) or None
+        per expert; `eos_ids`: (E,) on the logits' device, rescored by the EOS policy."""
+        if self.plain_product and not _records_grad(base, *experts):
+            composed = _product(base, experts, self.weights, self.floor)
+        else:
+            lb = clamped_logprobs(base, self.floor)  # (..., V)
+            clamped = [clamped_logprobs(e, self.floor) for e in experts]  # finite: every log-ratio is bounded
+            total = self.rule(lb, clamped, self.weights, masks or [None] * len(experts))  # (..., V)
+            composed = torch.log_softmax(total, dim=-1)  # finite: every term is bounded
+        if self.eos_pick is None or eos_ids is None or eos_ids.numel() == 0:
+            return composed
+        return _rescore_eos(composed, base, experts, eos_ids, self.eos_pick, self.floor)
+
 
 def compose_logprobs(
     base: torch.Tensor,
@@ -34,7 +89,7 @@ def compose_logprobs(
         floor: base and expert log-probs are clamped at `floor` (in [-1e9, 0)) so that −inf − (−inf) never
             occurs and an anti-expert's −w·(−inf) cannot become +inf; NaN counts as −inf.
         masks: optional per-expert bool tensors (V,): the expert's log-ratio applies only where True.
-        rule, rule_params: a rule of `logitcomp.rules.RULES` and its parameters (config.RULE_PARAMS).
+        rule, rule_params: a rule of `logitcomp.rules.RULES` and its parameters (`RULES[rule].params`).
 
     Returns:
         fp32 log-probs of shape (..., V), finite, with logsumexp 0 over the last dim.
@@ -42,26 +97,19 @@ def compose_logprobs(
     Raises:
         ValueError: on a shape mismatch, a weight outside [-1e6, 1e6] or not finite, a floor outside [-1e9, 0).
     """
-    weights = check_weights([1.0] * len(experts) if weights is None else list(weights))
+    weights = [1.0] * len(experts) if weights is None else list(weights)
     if len(weights) != len(experts):
         raise ValueError(f"weights: expected {len(experts)} (one per expert), got {len(weights)}")
     if masks is not None and len(masks) != len(experts):
         raise ValueError(f"masks: expected {len(experts)} (one per expert or None), got {len(masks)}")
-    if not MIN_FLOOR <= floor < 0:
-        raise ValueError(f"floor: expected a negative number >= -1e9, got {floor!r}")
-    params = check_rule(rule, dict(rule_params or {}))
     for i, expert in enumerate(experts):
         if expert.shape != base.shape:
             raise ValueError(f"experts[{i}]: expected shape {tuple(base.shape)}, got {tuple(expert.shape)}")
-    if rule == "product" and all(m is None for m in masks or ()) and not _records_grad(base, *experts):
-        return _product(base, experts, weights, floor)
-    lb = clamped_logprobs(base, floor)  # (..., V)
-    clamped = [clamped_logprobs(e, floor) for e in experts]  # finite: every log-ratio is bounded
-    total = RULES[rule](lb, clamped, weights, masks or [None] * len(experts), **params)  # (..., V)
-    return torch.log_softmax(total, dim=-1)  # finite: every term is bounded
+    masked = any(m is not None for m in masks or ())
+    return Composer.build(weights, floor=floor, rule=rule, rule_params=rule_params, masked=masked)(base, experts, masks)
 
 
-def _product(base: torch.Tensor, experts: Sequence[torch.Tensor], weights: list[float], floor: float) -> torch.Tensor:
+def _product(base: torch.Tensor, experts: Sequence[torch.Tensor], weights: Sequence[float], floor: float) -> torch.Tensor:
     """The product rule without masks: log_softmax((1 − Σ w_i) log p_b + Σ w_i log p_i), the sum of
     `rules.product`, in two (..., V) buffers: at a 262k vocabulary a fresh (B, V) buffer costs more on
     CPU (first-touch page faults) than the arithmetic on it, so each expert's log-probs go into one
@@ -113,13 +161,21 @@ def apply_eos_policy(
     """
     if policy not in EOS_POLICIES:
         raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {policy!r}")
-    if policy == "compose":
-        return composed
     ids = torch.as_tensor(eos_ids, dtype=torch.long, device=composed.device).flatten()  # (E,); no copy when already there
-    if ids.numel() == 0:
+    if EOS_PICKS[policy] is None or ids.numel() == 0:
         return composed
+    return _rescore_eos(composed, base, experts, ids, EOS_PICKS[policy], floor)
+
+
+# policy -> how EOS is scored from the stacked models' EOS log-probs (k+1, ..., E); None: as composed
+EOS_PICKS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
+    "compose": None, "base": lambda m: m[0], "any": lambda m: m.max(0).values, "all": lambda m: m.min(0).values,
+}
+
+
+def _rescore_eos(composed, base, experts, ids: torch.Tensor, pick, floor: float) -> torch.Tensor:
+    """`apply_eos_policy` with its policy resolved to `pick` and its ids a tensor (E,) on the logits' device."""
     models = torch.stack([clamped_logprobs(m, floor)[..., ids] for m in (base, *experts)])  # (k+1, ..., E)
-    pick = {"base": lambda m: m[0], "any": lambda m: m.max(0).values, "all": lambda m: m.min(0).values}[policy]
     eos = pick(models)  # (..., E)
     eos_mass = torch.logsumexp(eos, dim=-1, keepdim=True).clamp(max=-1e-7)  # (..., 1)
     rest = torch.log1p(-eos_mass.exp())  # log of the mass left to non-EOS tokens

@@ -1,41 +1,90 @@
 """Composition rules: how the base's and the experts' log-probs combine at one decoding step.
 
-Each rule is a pure function over clamped log-probs in log space,
+A rule is one registered `Rule`: its name, its formula, its parameters with their defaults and
+ranges, and its function, a pure function over clamped log-probs in log space,
 
-    rule(lb, experts, weights, masks, **params) -> scores (..., V)   (normalised by the caller)
+    function(lb, experts, weights, masks, **params) -> scores (..., V)   (normalised by the caller)
 
 with lb = log p_b and experts = [log p_i], both (..., V) fp32 and clamped at the floor, weights
 w_i, and masks m_i (bool (V,) or None: where expert i's log-ratio r_i = m_i ⊙ (log p_i − log p_b)
-applies). Their parameters (names, defaults, ranges) are `config.RULE_PARAMS`, which validates
-them without torch. The rules:
+applies). With every log-ratio 0 (experts equal to the base, or masked off) every rule gives the
+base, except `plausible`, which gives the base restricted to the plausible tokens.
 
-    product     log p̂ ∝ log p_b + Σ w_i r_i                       the paper's rule (default)
-    tempered    log p̂ ∝ log p_b + s · Σ w_i r_i                   s = scale; the base's exponent is
-                1 − s Σ w_i (s = 1/Σ w_i: the experts' normalised geometric mean, no base)
-    activity    log p̂ ∝ log p_b + Σ w_i g_i r_i,  g_i = (a_i / max_j a_j)^γ,  a_i = KL(p_i ‖ p_b)
-                per position: an expert counts in proportion to how active it is relative to the
-                most active one (γ = 0: product; γ → ∞: the most active expert alone)
-    confident   log p̂ ∝ log p_b + Σ w_i c_i r_i,  c_i = (max_y p_i(y))^γ  per position: an expert counts
-                in proportion to its own confidence, so one that is lost on a prefix unlike its training
-                data (flat distribution) fades out (γ = 0: product)
-    union       log p̂ ∝ log p_b + max_i w_i r_i                  each token gets the support of its
-                most favourable expert only (model arithmetic's Union, relative to the base)
-    plausible   product restricted to tokens y with p_m(y) ≥ α · max_y' p_m(y') for the base or
-                some expert m (contrastive decoding's plausibility constraint; EOS is a token like
-                any other); the rest get 1e4 nats below the least kept token (α = 0: product)
-
-With every log-ratio 0 (experts equal to the base, or masked off) every rule gives the base, except
-`plausible`, which gives the base restricted to the plausible tokens.
+Importing this module imports no torch (recipes validate rule names and parameters without it);
+the functions that need torch's module-level operations import it when first called.
+A new rule is one decorated function here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-Masks = Sequence[torch.Tensor | None]
+    Masks = Sequence[torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class Param:
+    """A rule parameter: its default and its closed range [low, high]."""
+
+    default: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered composition rule (see the module docstring for `function`'s signature)."""
+
+    name: str
+    formula: str
+    function: Callable[..., torch.Tensor]
+    params: dict[str, Param] = field(default_factory=dict)
+
+    def check(self, params) -> dict[str, float]:
+        """Every parameter (defaults filled in) as floats. Raises ValueError naming a bad or unknown one."""
+        if not isinstance(params, dict):
+            raise ValueError(f"rule_params: expected a mapping of parameter name to number, got {params!r}")
+        unknown = sorted(set(params) - set(self.params))
+        if unknown:
+            raise ValueError(f"rule_params: {self.name} takes {sorted(self.params) or 'no parameters'}, got {unknown[0]!r}")
+        out = {}
+        for name, p in self.params.items():
+            value = params.get(name, p.default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (p.low <= value <= p.high):
+                raise ValueError(f"rule_params.{name}: expected a number in [{p.low:g}, {p.high:g}], got {value!r}")
+            out[name] = float(value)
+        return out
+
+    def bind(self, params: dict[str, float]) -> Callable[..., torch.Tensor]:
+        """The function with these (already checked) parameters: `f(lb, experts, weights, masks)`."""
+        return partial(self.function, **params) if params else self.function
+
+
+RULES: dict[str, Rule] = {}
+
+
+def register(name: str, formula: str, **params: tuple[float, float, float]):
+    """Decorator: register `function` as rule `name`; each parameter is (default, low, high)."""
+
+    def add(function):
+        RULES[name] = Rule(name, formula, function, {k: Param(*v) for k, v in params.items()})
+        return function
+
+    return add
+
+
+def get_rule(name) -> Rule:
+    """The registered rule `name`. Raises ValueError listing the rules."""
+    if name not in RULES:
+        raise ValueError(f"rule: expected one of {list(RULES)}, got {name!r}")
+    return RULES[name]
 
 
 def log_ratios(lb: torch.Tensor, experts: Sequence[torch.Tensor], masks: Masks) -> list[torch.Tensor]:
@@ -47,18 +96,25 @@ def log_ratios(lb: torch.Tensor, experts: Sequence[torch.Tensor], masks: Masks) 
     return out
 
 
-def product(lb, experts, weights, masks) -> torch.Tensor:
+@register("product", "log p̂ ∝ log p_b + Σ w_i r_i   (the paper's rule, the default)")
+def product(lb, experts, weights, masks):
     total = lb.clone()
     for ratio, w in zip(log_ratios(lb, experts, masks), weights):
         total = total + w * ratio
     return total
 
 
-def tempered(lb, experts, weights, masks, *, scale: float) -> torch.Tensor:
+@register("tempered", "log p̂ ∝ log p_b + s · Σ w_i r_i   (s = 1/Σ w_i: the experts' normalised geometric mean, no base)",
+          scale=(1.0, 0.0, 10.0))
+def tempered(lb, experts, weights, masks, *, scale: float):
     return lb + scale * (product(lb, experts, weights, masks) - lb)
 
 
-def activity(lb, experts, weights, masks, *, gamma: float) -> torch.Tensor:
+@register("activity", "log p̂ ∝ log p_b + Σ w_i g_i r_i,  g_i = (a_i / max_j a_j)^γ,  a_i = KL(p_i ‖ p_b) per position "
+          "(γ = 0: product; γ → ∞: the most active expert alone)", gamma=(1.0, 0.0, 100.0))
+def activity(lb, experts, weights, masks, *, gamma: float):
+    import torch
+
     kl = torch.stack([(e.exp() * (e - lb)).sum(-1) for e in experts]).clamp(min=0)  # (k, ...): KL(p_i ‖ p_b)
     gates = (kl / kl.amax(0, keepdim=True).clamp(min=1e-12)).pow(gamma).unsqueeze(-1)  # (k, ..., 1)
     total = lb.clone()
@@ -67,19 +123,30 @@ def activity(lb, experts, weights, masks, *, gamma: float) -> torch.Tensor:
     return total
 
 
-def confident(lb, experts, weights, masks, *, gamma: float) -> torch.Tensor:
+@register("confident", "log p̂ ∝ log p_b + Σ w_i c_i r_i,  c_i = (max_y p_i(y))^γ per position: an expert lost on a prefix "
+          "unlike its training data (flat distribution) fades out (γ = 0: product)", gamma=(1.0, 0.0, 100.0))
+def confident(lb, experts, weights, masks, *, gamma: float):
     total = lb.clone()
     for ratio, w, e in zip(log_ratios(lb, experts, masks), weights, experts):
         total = total + w * (gamma * e.amax(-1, keepdim=True)).exp() * ratio  # (max p_i)^γ = exp(γ · max log p_i)
     return total
 
 
-def union(lb, experts, weights, masks) -> torch.Tensor:
+@register("union", "log p̂ ∝ log p_b + max_i w_i r_i   (each token gets its most favourable expert's support only: "
+          "model arithmetic's Union, relative to the base)")
+def union(lb, experts, weights, masks):
+    import torch
+
     ratios = torch.stack([w * r for r, w in zip(log_ratios(lb, experts, masks), weights)])  # (k, ..., V)
     return lb + ratios.amax(0)
 
 
-def plausible(lb, experts, weights, masks, *, alpha: float) -> torch.Tensor:
+@register("plausible", "product restricted to tokens y with p_m(y) ≥ α · max_y' p_m(y') for the base or some expert m "
+          "(contrastive decoding's plausibility constraint); the rest 1e4 nats below the least kept token (α = 0: product)",
+          alpha=(0.1, 0.0, 1.0))
+def plausible(lb, experts, weights, masks, *, alpha: float):
+    import torch
+
     total = product(lb, experts, weights, masks)
     if alpha <= 0:
         return total
@@ -87,9 +154,3 @@ def plausible(lb, experts, weights, masks, *, alpha: float) -> torch.Tensor:
     keep = (models >= models.amax(-1, keepdim=True) + math.log(alpha)).any(0)  # (..., V)
     # the rest: 1e4 nats below every kept token (finite, unlike -inf, and zero after normalising)
     return torch.where(keep, total, total.amin(-1, keepdim=True) - 1e4)
-
-
-RULES: dict[str, Callable[..., torch.Tensor]] = {
-    "product": product, "tempered": tempered, "activity": activity, "confident": confident, "union": union,
-    "plausible": plausible,
-}

@@ -12,6 +12,9 @@ import signal
 import sys
 import warnings
 
+from logitcomp.rules import RULES
+
+from .errors import one_line
 from .worlds import WORLDS
 
 log = logging.getLogger("logitcomp")
@@ -25,35 +28,37 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .checks import check_device
+    from .errors import RecipeError
     from .output import check_output
-    from .recipe import RecipeError
-    from .recipe_file import load_recipe
-    from .runner import check_device, check_inputs
-    from .variants import plan
+    from .plan import prepare
 
-    recipe, paths = load_recipe(args.recipe)
-    check_inputs(recipe, paths)
-    check_output(paths)
+    p = prepare(args.recipe)
+    check_output(p.paths)
     try:
-        check_device(recipe.evaluate.device)
+        check_device(p.recipe.evaluate.device)
     except RecipeError as exc:
         log.warning("%s; `run` will refuse on this machine", exc)
-    print(f"{args.recipe}: valid ({len(plan(recipe))} variants, tasks {', '.join(recipe.evaluate.tasks)})")
+    print(f"{args.recipe}: valid ({len(p.rows)} variants, tasks {', '.join(p.recipe.evaluate.tasks)})")
     return 0
 
 
 def _merge(args: argparse.Namespace) -> int:
     from logitcomp.io import atomic_write_bytes
 
-    from .generation import load_recipe_models
+    from .checks import check_device
     from .output import check_output, check_recorded_recipe, output_lock
-    from .variants import build_merges
+    from .plan import prepare
+    from .runner import merge_recipe
 
-    recipe, paths = load_recipe_models(args.recipe)
+    p = prepare(args.recipe, check_tasks=False)
+    recipe, paths = p.recipe, p.paths
+    check_device(recipe.evaluate.device)
+    paths.fetch()
     check_recorded_recipe(paths.output, recipe)
     check_output(paths)
     with output_lock(paths.output):
-        built = build_merges(recipe, paths)
+        built = merge_recipe(p)
         atomic_write_bytes(paths.output / "recipe.yaml", recipe.to_yaml().encode())  # outputs carry their recipe
     for kind, path in built.items():
         size = sum(p.stat().st_size for p in path.glob("*.safetensors")) / 2**20
@@ -62,7 +67,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .generation import generate_from_recipe
+    from .generate import generate_from_recipe
 
     try:
         args.prompt.encode("utf-8")
@@ -125,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=_positive_int, default=32)
     gen.add_argument("--trace", action="store_true", help="print each expert's activity KL(p_i || p_b) per token")
-    gen.add_argument("--rule", help="composition rule instead of the recipe's: product, tempered, activity, confident, union, plausible")
+    gen.add_argument("--rule", help=f"composition rule instead of the recipe's: {', '.join(RULES)}")
     gen.add_argument("--rule-param", action="append", metavar="NAME=NUMBER", help="a parameter of the rule (repeatable)")
     gen.set_defaults(func=_generate)
     return parser
@@ -168,12 +173,6 @@ def _interrupt(signum, frame) -> None:
         os._exit(130)
     _interrupt.seen = True
     raise KeyboardInterrupt
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line: the first line of its message (the type when it has none)."""
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 if __name__ == "__main__":

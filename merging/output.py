@@ -1,6 +1,6 @@
 """The output folder of a recipe: where it may be, one run at a time, no leftovers.
 
-A run writes only inside `output:` (see `runner.inside`), never deletes what it did not write,
+A run writes only inside `output:` (see `inside`), never deletes what it did not write,
 and refuses a place where its files would mix with the user's: a system root or the home folder,
 the recipe's own folder or one above it, a model folder, a folder holding a model or inside one,
 or a non-empty folder that is not an earlier output.
@@ -16,9 +16,18 @@ from pathlib import Path
 
 import yaml
 
-from .recipe import Recipe, RecipeError, ResolvedPaths
+from .errors import RecipeError
+from .recipe import Recipe, ResolvedPaths
 
 LOCK = ".logitcomp.lock"
+
+
+def inside(output: Path, *parts: str) -> Path:
+    """`output/parts...`, refused (RecipeError) unless it lies strictly inside `output`."""
+    path = output.joinpath(*parts).resolve()
+    if path == output or not path.is_relative_to(output):
+        raise RecipeError(f"output: {'/'.join(parts)} would be written outside {output}")
+    return path
 
 
 def check_output(paths: ResolvedPaths) -> None:

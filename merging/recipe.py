@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,11 +17,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from logitcomp.config import CompositionConfig
 from logitcomp.inputs import check_name
 
-VARIANTS = ("base", "experts", "composed", "merged", "merged_lora")
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot be used; the message is one line naming the file and the field."""
+from .errors import RecipeError
+from .kinds import KINDS
+from .kinds.composed import COMPOSE_KEYS, composition_config, not_a_number
+from .kinds.kind import Options
 
 
 class _Strict(BaseModel):
@@ -38,15 +36,6 @@ class _Strict(BaseModel):
         return data
 
 
-def _not_a_number(value) -> str:
-    """The message for a value that should be a number; YAML 1.1 reads `1.0e38` (no sign after e) as text."""
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return f"expected a number, got {value!r}"
-    return f"expected a number, got the text {value!r} (YAML reads an exponent without a sign as text: write 1.0e+38)"
-
-
 class ExpertSpec(_Strict):
     path: str
     weight: float = 1.0
@@ -55,22 +44,8 @@ class ExpertSpec(_Strict):
     @classmethod
     def _number(cls, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(_not_a_number(value))
+            raise ValueError(not_a_number(value))
         return value
-
-
-# `compose:` holds CompositionConfig's options; weights live with each expert, tracing is for `generate --trace`
-COMPOSE_KEYS = tuple(f.name for f in fields(CompositionConfig) if f.name not in ("weights", "trace"))
-
-
-def _composition(compose: dict, weights: dict | None = None) -> CompositionConfig:
-    """The CompositionConfig of a recipe's `compose:` block: the runtime's own checks, not a copy of them."""
-    unknown = [k for k in compose if k not in COMPOSE_KEYS]
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(COMPOSE_KEYS)}")
-    if isinstance(compose.get("floor"), str):
-        raise ValueError(f"floor: {_not_a_number(compose['floor'])}")
-    return CompositionConfig(**compose, weights=dict(weights or {}))
 
 
 class MergeOptionsSpec(_Strict):
@@ -135,51 +110,50 @@ class EvaluateSpec(_Strict):
         return value
 
 
-SWEEP_KEY = "lambda"  # the sweep every kind takes: each expert's weight times λ (merged: mergekit's `lambda`)
-OWN_KEYS = {"composed": ("compose", *COMPOSE_KEYS), "merged": ("method", "parameters"), "merged_lora": ()}
-
-
 def _finite(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
-        raise ValueError(_not_a_number(value) if not isinstance(value, float) else f"expected a finite number, got {value!r}")
+        raise ValueError(not_a_number(value) if not isinstance(value, float) else f"expected a finite number, got {value!r}")
     return float(value)
+
+
+def _named_kinds() -> list[str]:
+    return [name for name, kind in KINDS.items() if kind.options is not None]
 
 
 class VariantSpec(BaseModel):
     """A named row with its own options, e.g. `{name: ties, kind: merged, method: ties, parameters: {density: 0.5}}`.
 
-    composed: any `compose:` option (eos_policy, rule, rule_params, ...) over the recipe's block;
-    merged: a mergekit `method` and its `parameters` (default: the recipe's `merge:`); merged_lora:
-    task arithmetic as one LoRA. `sweep: {PARAM: [v1, v2, ...]}` expands the row into one per value;
-    PARAM is `lambda` (every expert's weight times λ), a parameter of the composed row's rule or of
-    the merged row's mergekit method.
+    `kind` is a name of `merging.kinds.KINDS` that takes named rows; the other keys are that kind's
+    options (its module says which). `sweep: {PARAM: [v1, v2, ...]}` expands the row into one per
+    value; PARAM is `lambda` (every expert's weight times λ) or a parameter the kind sweeps.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
-    kind: Literal["composed", "merged", "merged_lora"]
-    compose: dict[str, Any] = Field(default_factory=dict)
-    method: str | None = None
-    parameters: dict[str, Any] | None = None
+    kind: str
+    options: Options = Options()
     sweep: dict[str, list[float]] | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _keys_of_its_kind(cls, data: Any) -> Any:
+    def _options_of_its_kind(cls, data: Any) -> Any:
         if not isinstance(data, dict):
-            raise ValueError(f"expected a variant name ({', '.join(VARIANTS)}) or a mapping with name and kind, got {data!r}")
+            raise ValueError(f"expected a variant name ({', '.join(KINDS)}) or a mapping with name and kind, got {data!r}")
+        if "options" in data and isinstance(data["options"], Options):  # already validated (a copy of a spec)
+            return data
         for key in ("name", "kind"):
             if key not in data:
                 raise ValueError(f"expected a {key!r} key in {data!r}")
-        kind = data["kind"]
-        if kind not in OWN_KEYS:
-            raise ValueError(f"kind: expected one of {', '.join(OWN_KEYS)}, got {kind!r}")
-        allowed = ("name", "kind", "sweep", *OWN_KEYS[kind])
+        kind = KINDS.get(data["kind"]) if isinstance(data["kind"], str) else None
+        if kind is None or kind.options is None:
+            raise ValueError(f"kind: expected one of {', '.join(_named_kinds())}, got {data['kind']!r}")
+        data = kind.normalise(dict(data))
+        allowed = ("name", "kind", "sweep", *kind.options.model_fields)
         unknown = [k for k in data if k not in allowed]
         if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r} for a {kind} variant; allowed keys: {', '.join(allowed)}")
-        compose = {**(data.get("compose") or {}), **{k: v for k, v in data.items() if k in COMPOSE_KEYS}}
-        return {k: v for k, v in data.items() if k not in COMPOSE_KEYS} | ({"compose": compose} if compose else {})
+            raise ValueError(f"unknown key {unknown[0]!r} for a {kind.name} variant; allowed keys: {', '.join(allowed)}")
+        own = {k: v for k, v in data.items() if k not in ("name", "kind", "sweep")}
+        return {k: v for k, v in data.items() if k in ("name", "kind", "sweep")} | {"options": kind.options.model_validate(own)}
 
     @field_validator("name")
     @classmethod
@@ -205,9 +179,21 @@ class VariantSpec(BaseModel):
 
     @model_validator(mode="after")
     def _sweep_of_its_kind(self):
-        if self.sweep and self.kind == "merged_lora" and SWEEP_KEY not in self.sweep:
-            raise ValueError(f"sweep: a merged_lora variant sweeps {SWEEP_KEY} only, got {next(iter(self.sweep))!r}")
+        problem = KINDS[self.kind].check_sweep(next(iter(self.sweep))) if self.sweep else None
+        if problem:
+            raise ValueError(problem)
         return self
+
+    def dump(self) -> dict:
+        """The mapping a recipe file holds for this row (its options flat, defaults left out)."""
+        options = self.options.model_dump(mode="json", exclude_defaults=True)
+        return {"name": self.name, "kind": self.kind, **options, **({"sweep": self.sweep} if self.sweep else {})}
+
+    @classmethod
+    def shorthand(cls, kind: str) -> VariantSpec:
+        """The row that `variants: [KIND]` stands for: named after its kind, with its default options."""
+        options = KINDS[kind].options
+        return cls(name=kind, kind=kind, options=options() if options is not None else Options())
 
 
 class Recipe(_Strict):
@@ -217,7 +203,7 @@ class Recipe(_Strict):
     compose: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     merge: MergeSpec = MergeSpec()
     evaluate: EvaluateSpec
-    variants: list[Literal[VARIANTS] | VariantSpec] = list(VARIANTS)  # type: ignore[valid-type]
+    variants: list[str | VariantSpec] = Field(default_factory=lambda: [n for n, k in KINDS.items() if k.default])
     output: str
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -238,8 +224,8 @@ class Recipe(_Strict):
         items = []
         for i, item in enumerate(value):
             if isinstance(item, str):
-                if item not in VARIANTS:
-                    raise ValueError(f"[{i}]: unknown variant {item!r}; expected one of {', '.join(VARIANTS)} or a mapping with name and kind")
+                if item not in KINDS:
+                    raise ValueError(f"[{i}]: unknown variant {item!r}; expected one of {', '.join(KINDS)} or a mapping with name and kind")
                 items.append(item)
                 continue
             try:
@@ -247,18 +233,18 @@ class Recipe(_Strict):
             except ValidationError as exc:
                 name = item.get("name") if isinstance(item, dict) else None
                 where = f"[{i}]{f' ({name})' if isinstance(name, str) else ''}"
-                raise ValueError(f"{where}: {_one_line(exc).removeprefix('recipe: ')}") from None
+                raise ValueError(f"{where}: {load_error(exc).removeprefix('recipe: ')}") from None
         _unique("variant", [v if isinstance(v, str) else v.name for v in items])
         return items
 
     @field_serializer("variants")
     def _dump_variants(self, value: list) -> list:
-        return [v if isinstance(v, str) else v.model_dump(mode="json", exclude_defaults=True) for v in value]
+        return [v if isinstance(v, str) else v.dump() for v in value]
 
     @field_validator("compose")
     @classmethod
     def _compose_options(cls, value: dict) -> dict:
-        config = _composition(value).to_dict()  # every option, checked and normalised
+        config = composition_config(value).to_dict()  # every option, checked and normalised
         return {k: config[k] for k in COMPOSE_KEYS}
 
     @model_validator(mode="after")
@@ -270,19 +256,17 @@ class Recipe(_Strict):
                 check_name(name)
             except ValueError as exc:
                 raise ValueError(f"experts: {exc}") from None
-            if name in VARIANTS:
-                raise ValueError(f"experts: expert name {name!r} is a variant name; the variants are {', '.join(VARIANTS)}")
-        if "merged_lora" in self.variants and not self.merge.lora:
-            raise ValueError("variants: merged_lora needs merge.lora: true")
+            if name in KINDS:
+                raise ValueError(f"experts: expert name {name!r} is a variant name; the variants are {', '.join(KINDS)}")
+        for problem in (KINDS[v].unavailable(self) for v in self.variants if isinstance(v, str)):
+            if problem:
+                raise ValueError(problem)
         for spec in self.variants:
             if not isinstance(spec, str) and spec.name in self.experts:
                 raise ValueError(f"variants: {spec.name!r} is also an expert's name (the experts variant gives each expert a row)")
         select = self.evaluate.select_on
         if select and select.task not in self.evaluate.tasks:
             raise ValueError(f"evaluate.select_on.task: {select.task!r} is not one of evaluate.tasks ({', '.join(self.evaluate.tasks)})")
-        from .plan import plan  # (plan builds on this module) every row's options, swept values included
-
-        plan(self)
         config = self.composition()  # the runtime's checks of the weights
         try:  # ... and of the masks' expert names (the weights name exactly the experts)
             config.check_experts(list(self.experts))
@@ -292,7 +276,7 @@ class Recipe(_Strict):
 
     def composition(self) -> CompositionConfig:
         """The composition this recipe evaluates: `compose:` with each expert's weight."""
-        return _composition(self.compose, {n: e.weight for n, e in self.experts.items()})
+        return composition_config(self.compose, {n: e.weight for n, e in self.experts.items()})
 
     # ---- paths relative to the recipe file -------------------------------------------------
     def resolve(self, root: Path) -> ResolvedPaths:
@@ -339,7 +323,8 @@ class ResolvedPaths:
         self.experts = {n: get(f"experts.{n}", p) for n, p in self.experts.items()}
 
 
-def _one_line(exc: ValidationError) -> str:
+def load_error(exc: ValidationError) -> str:
+    """A pydantic ValidationError as one line: `field.path: message` of its first error."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "recipe"
     msg = err["msg"].removeprefix("Value error, ")

@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from .recipe import Recipe, RecipeError, ResolvedPaths, _one_line
+from .errors import RecipeError
+from .recipe import Recipe, ResolvedPaths, load_error
 
 MAX_BYTES = 1 << 20  # a recipe is a page of YAML; a larger file is a mistake or an attack
 MAX_NODES = 100_000  # YAML nodes after alias expansion (a 1 kB alias bomb expands to billions)
@@ -80,5 +81,5 @@ def load_recipe(path) -> tuple[Recipe, ResolvedPaths]:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(f"{path}: {_one_line(exc)}") from None
+        raise RecipeError(f"{path}: {load_error(exc)}") from None
     return recipe, recipe.resolve(path.parent)

@@ -9,7 +9,7 @@ from pathlib import Path
 from logitcomp.io import atomic_write_bytes
 
 from .figures import figure_png
-from .plan import Variant
+from .kinds import Variant
 from .recipe import SelectSpec
 from .sweeps import families, main_rows, select, sweep_figures
 

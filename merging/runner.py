@@ -1,5 +1,9 @@
 """Run a recipe: evaluate base, experts, composed and merged models with identical lm-eval task configs.
 
+The path of `logitcomp run RECIPE`: `plan.prepare` (load, validate, plan the rows once, check the
+inputs) -> the output folder's checks and lock -> each row's model from its kind (`pool.ModelPool`,
+`merging.kinds`) through lm-eval (`harness.evaluate`) -> `report.write_reports`.
+
 Output folder layout:
     recipe.yaml                 the recipe that made everything here (a different recipe is refused)
     variants/<variant>.json     one finished variant (a re-run skips it unless --force)
@@ -11,9 +15,7 @@ Output folder layout:
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
-import logging
 import tempfile
 import time
 from importlib.metadata import version
@@ -21,123 +23,25 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from logitcomp.inputs import check_base, check_expert, vocab_size
-from logitcomp.io import atomic_dir, atomic_write_bytes
+from logitcomp.io import atomic_write_bytes
 
-from .distributed import barrier, broadcast, launched, world
-from .output import check_output, check_recorded_recipe, output_lock
-from .recipe import Recipe, RecipeError, ResolvedPaths
-from .recipe_file import load_recipe
-from .plan import Variant, plan
+from .checks import check_device
+from .errors import RecipeError
+from .harness.distributed import barrier, broadcast, launched, world
+from .harness.evaluate import evaluate
+from .kinds import KINDS, Variant
+from .output import check_output, check_recorded_recipe, inside, output_lock
+from .plan import Plan, plan, prepare
+from .pool import ModelPool
+from .recipe import Recipe, ResolvedPaths
 from .report import write_reports
-from .variants import ModelPool, lm_eval_model
-
-log = logging.getLogger(__name__)
-
-
-class _DropWarnings(logging.Filter):
-    """Drops lm-eval warnings about what the runner does on purpose: HFLM warns on every in-memory
-    model (the runner loads each variant once), and every `custom_dataset` task (how the shipped
-    tasks read their jsonl beside the YAML) advises `--metadata` at every load."""
-
-    PREFIXES = ("`pretrained` model kwarg is not of type", "Passed an already-initialized model")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not (msg.startswith(self.PREFIXES) or "Custom kwargs can be passed to `--metadata`" in msg)
-
-
-for _name in ("lm_eval.models.huggingface", "lm_eval.api.task"):
-    logging.getLogger(_name).addFilter(_DropWarnings())
-
-
-def check_inputs(recipe: Recipe, paths: ResolvedPaths, check_tasks: bool = True) -> None:
-    """Everything that can be checked without loading a model. Raises RecipeError naming the field."""
-    import bridge
-
-    base = None if isinstance(paths.base, str) else paths.base
-    try:
-        if base is not None:
-            base = check_base(base, recipe.allow_pickle)
-            _check_masks(recipe, vocab_size("base", base))
-        for name, path in paths.experts.items():
-            if isinstance(path, str):
-                log.info("experts.%s: %s is a hub reference, not checked offline", name, path)
-            else:
-                check_expert(name, path, base, allow_pickle=recipe.allow_pickle, label=f"experts.{name}")
-    except ValueError as exc:
-        raise RecipeError(str(exc)) from None
-    if paths.include_path and not paths.include_path.is_dir():
-        raise RecipeError(f"evaluate.include_path: {paths.include_path} is not a folder")
-    merged = [row for row in plan(recipe) if row.kind == "merged"]
-    if merged:
-        _check_merges(merged, bridge.merge_methods())
-    if not check_tasks:
-        return
-    manager = task_manager(paths, list(recipe.evaluate.tasks))
-    known = set(manager.all_tasks)
-    for task in recipe.evaluate.tasks:
-        if task not in known:
-            near = difflib.get_close_matches(task, sorted(known), n=3)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise RecipeError(f"evaluate.tasks: unknown lm-eval task {task!r}{hint}")
-    if recipe.evaluate.confirm_run_unsafe_code:
-        from .worlds.sandbox import check_opt_in
-
-        try:
-            check_opt_in()  # fail now, not after the first variant's generations
-        except PermissionError as exc:
-            raise RecipeError(f"evaluate.confirm_run_unsafe_code: {exc}") from None
-
-
-def _check_merges(rows: list[Variant], methods: dict) -> None:
-    """Each merged row's mergekit method and parameter names (a sweep's too) against mergekit's registry."""
-    for row in rows:
-        field = "merge" if row.name == "merged" and not row.family else f"variants: {row.family or row.name}"
-        if row.method not in methods:
-            raise RecipeError(f"{field}.method: unknown merge method {row.method!r}; mergekit has {sorted(methods)}")
-        takes = [p.name for p in methods[row.method].spec.parameters if p.name != "weight"]
-        for key in row.parameters:
-            if key not in takes:
-                what = "sweep" if row.swept and row.swept[0] == key else "parameters"
-                raise RecipeError(f"{field}.{what}: mergekit's {row.method} takes {', '.join(takes) or 'no parameters'}"
-                                  f"{' (each expert weight is experts.NAME.weight)' if key == 'weight' else ''}, got {key!r}")
-
-
-def _check_masks(recipe: Recipe, vocab: int | None) -> None:
-    for name, ids in recipe.compose["masks"].items():
-        if vocab is not None and ids and max(ids) >= vocab:
-            raise RecipeError(f"compose.masks[{name!r}]: token id {max(ids)} is outside the base's vocabulary of {vocab}")
-
-
-def check_device(device: str) -> None:
-    """Refuse an accelerator torch cannot see here (imports torch only for a device other than the CPU).
-    Called where models load (`run`, `merge`, `generate`); `validate` only warns: a GPU recipe is valid anywhere."""
-    if device == "cpu":
-        return
-    import torch
-
-    kind, _, index = device.partition(":")
-    backend = getattr(torch, kind, None)
-    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
-    count = backend.device_count() if available and hasattr(backend, "device_count") else 1
-    if not available or (index and int(index) >= count):
-        raise RecipeError(f"evaluate.device: {device} is not available here (torch sees {count if available else 'no'} {kind} device(s))")
-
-
-def inside(output, *parts: str):
-    """`output/parts...`, refused (RecipeError) unless it lies strictly inside `output`."""
-    path = output.joinpath(*parts).resolve()
-    if path == output or not path.is_relative_to(output):
-        raise RecipeError(f"output: {'/'.join(parts)} would be written outside {output}")
-    return path
 
 
 def input_state(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
     """What a variant's results were made from: per input folder its resolved path and every file's
     size and mtime (hashing multi-GB weights at every run would not be cheap). A finished variant is
     reused only while this is unchanged, so the same recipe text pointing elsewhere is run again."""
-    experts = {"base": [], "expert": [variant.name]}.get(variant.kind, list(recipe.experts))
+    experts = KINDS[variant.kind].inputs(variant, recipe)
     folders = {"base": paths.base, **{f"experts.{n}": paths.experts[n] for n in experts}}
     if paths.include_path:
         folders["evaluate.include_path"] = paths.include_path
@@ -154,42 +58,15 @@ def _changed(old: dict, new: dict) -> str:
     return ", ".join(fields) if old else "its inputs (not recorded)"
 
 
-def task_manager(paths: ResolvedPaths, tasks: list[str]):
-    """lm-eval's TaskManager; when every task is in the recipe's include_path, only that folder is
-    indexed (indexing lm-eval's thousands of built-in task files takes seconds)."""
-    from lm_eval.tasks import TaskManager
-
-    if paths.include_path:
-        local = TaskManager(include_path=str(paths.include_path), include_defaults=False)
-        if set(tasks) <= set(local.all_tasks):
-            return local
-    return TaskManager(include_path=str(paths.include_path) if paths.include_path else None)
-
-
 def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool) -> dict:
-    """Run lm-eval on one variant; write lm-eval's outputs; return {task: metrics}."""
+    """Run lm-eval on one variant; write lm-eval's outputs; return {"metrics": {task: metrics}, "seconds": ...}."""
+    from .harness.model import lm_eval_model
+
     start = time.perf_counter()
-    with pool.model(variant) as model:
-        return {**_evaluate(lm_eval_model(model, recipe, paths), variant, recipe, paths), "seconds": round(time.perf_counter() - start, 1)}
-
-
-def _evaluate(lm, variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
-    from lm_eval import simple_evaluate
-    from lm_eval.loggers import EvaluationTracker
-
-    ev = recipe.evaluate
-    results = simple_evaluate(model=lm, tasks=list(ev.tasks), task_manager=task_manager(paths, list(ev.tasks)), limit=ev.limit,
-                              num_fewshot=ev.num_fewshot, gen_kwargs=dict(ev.gen_kwargs) or None, log_samples=True,
-                              confirm_run_unsafe_code=ev.confirm_run_unsafe_code)
-    if results is None:  # a rank other than 0 under a launcher: lm-eval gathered its share on rank 0
-        return {"metrics": None}
-    samples = results.pop("samples")
-    with atomic_dir(inside(paths.output, "lm_eval", variant.name)) as tmp:  # replaces an earlier run's outputs whole
-        tracker = EvaluationTracker(output_path=str(tmp))
-        tracker.save_results_aggregated(results=results, samples=samples)
-        for task in results["configs"]:
-            tracker.save_results_samples(task_name=task, samples=samples[task])
-    return {"metrics": {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}}
+    with KINDS[variant.kind].model(variant, pool) as model:
+        lm = lm_eval_model(model, paths.base, recipe.evaluate.batch_size, recipe.trust_remote_code)
+        metrics = evaluate(lm, recipe.evaluate, paths.include_path, inside(paths.output, "lm_eval", variant.name))
+    return {"metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
 
 
 def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=print, processes: int = 1) -> dict | None:
@@ -198,12 +75,11 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     torchrun; under a launcher (torchrun, accelerate launch) every process runs this, rank 0 writes."""
     rank, _ = world()
     echo = echo if rank == 0 else (lambda *_: None)
-    recipe, paths = load_recipe(recipe_path)
+    p = prepare(recipe_path)
+    recipe, paths, variants = p.recipe, p.paths, p.rows
     out = paths.output
     check_recorded_recipe(out, recipe, force)
-    check_inputs(recipe, paths)
     check_output(paths)
-    variants = plan(recipe)
     if dry_run:
         echo(f"recipe {recipe.name}: {len(variants)} variants x {len(recipe.evaluate.tasks)} tasks -> {out}")
         for v in variants:
@@ -216,7 +92,7 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     paths.fetch()
     barrier()  # every rank has checked the output folder before rank 0 writes into it
     with output_lock(out) if rank == 0 else contextlib.nullcontext():
-        results = _run(recipe, paths, variants, force, echo, rank)
+        results = _run(p, force, echo, rank)
     barrier()  # every rank leaves together, after rank 0 has written the reports
     return results
 
@@ -234,7 +110,8 @@ def _relaunch(recipe_path, force: bool, processes: int) -> None:
     return None
 
 
-def _run(recipe: Recipe, paths: ResolvedPaths, variants: list[Variant], force: bool, echo, rank: int = 0) -> dict | None:
+def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
+    recipe, paths, variants = p.recipe, p.paths, p.rows
     out = paths.output
     if rank == 0:
         atomic_write_bytes(out / "recipe.yaml", recipe.to_yaml().encode())
@@ -270,3 +147,13 @@ def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, 
         if rank == 0:
             atomic_write_bytes(done, (json.dumps(record, indent=2) + "\n").encode())
     return (record["metrics"], record["seconds"]) if rank == 0 else (None, None)
+
+
+def merge_recipe(p: Plan) -> dict[str, Path]:
+    """Build the model folder of every row of a merging kind (`logitcomp merge`); with none listed, the
+    rows of every merging kind's default variant that the recipe allows. Returns row name -> folder."""
+    rows = [row for row in p.rows if KINDS[row.kind].merges]
+    if not rows:
+        defaults = [name for name, kind in KINDS.items() if kind.merges and kind.default and not kind.unavailable(p.recipe)]
+        rows = plan(p.recipe.model_copy(update={"variants": defaults}))
+    return {row.name: KINDS[row.kind].build(row, p.recipe, p.paths) for row in rows}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 from .figures import figure_png
-from .plan import Variant
-from .recipe import RecipeError, SelectSpec
+from .kinds import Variant
+from .errors import RecipeError
+from .recipe import SelectSpec
 
 
 def families(variants: list[Variant]) -> dict[str, list[Variant]]:

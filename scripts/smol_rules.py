@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import bridge
 from logitcomp import CompositionConfig, compose
 from logitcomp.io import atomic_write_bytes
-from merging.harness import LogitcompLM
+from merging.harness.model import LogitcompLM
 from merging.worlds.common import read_jsonl
 from smol_eos import TASKS, score as termination
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from logitcomp import CompositionConfig, compose_logprobs
-from logitcomp.config import RULE_PARAMS
 from logitcomp.ops import clamped_logprobs
 from logitcomp.rules import RULES
 from reference import hand_compose
@@ -37,8 +36,12 @@ def _kl(p_log, q_log):  # (…,): Σ p (log p − log q), written out
     return (p_log.exp() * (p_log - q_log)).sum(-1)
 
 
-def test_registry_and_parameter_table_name_the_same_rules():
-    assert set(RULES) == set(RULE_PARAMS) and len(RULES) >= 5
+def test_every_registered_rule_declares_its_formula_and_parameters_in_range():
+    assert len(RULES) >= 6 and list(RULES)[0] == "product"
+    for name, rule in RULES.items():
+        assert rule.name == name and rule.formula and callable(rule.function)
+        assert rule.check({}) == {k: p.default for k, p in rule.params.items()}
+        assert all(p.low <= p.default <= p.high for p in rule.params.values()), name
 
 
 def test_product_is_bit_for_bit_the_papers_rule_as_before():
@@ -108,7 +111,7 @@ def _base_kept(models, alpha):
     return _norm(torch.where(keep, BASE, torch.full_like(BASE, -math.inf)))
 
 
-@pytest.mark.parametrize("rule", sorted(RULE_PARAMS))
+@pytest.mark.parametrize("rule", sorted(RULES))
 def test_every_rule_is_the_base_when_no_expert_moves_and_keeps_masks(rule):
     """No log-ratio anywhere (experts equal to the base, or masks all False): the base (plausible:
     the base restricted to the tokens that the base or an expert finds plausible)."""

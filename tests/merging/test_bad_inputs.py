@@ -19,7 +19,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
-LM_EVAL = "from merging.harness import lm_eval_main; lm_eval_main()"
+LM_EVAL = "from merging.harness.cli import lm_eval_main; lm_eval_main()"
 LM_EVAL_LOG = re.compile(r"\d{4}-\d\d-\d\d:\d\d:\d\d:\d\d (INFO|WARNING) ")  # lm-eval's CLI logs its progress; those lines are not errors
 
 
@@ -305,8 +305,8 @@ LM_EVAL_MODEL_ARGS = [
 
 @pytest.mark.parametrize(("model_args", "pattern"), [c[1:] for c in LM_EVAL_MODEL_ARGS], ids=[c[0] for c in LM_EVAL_MODEL_ARGS])
 def test_lm_eval_model_arguments_fail_with_one_line_naming_the_argument(tiny, model_args, pattern):
-    from merging.cli import one_line
-    from merging.harness import LogitcompLM
+    from merging.errors import one_line
+    from merging.harness.model import LogitcompLM
 
     args = model_args.format(base=tiny.base, a=tiny.adapters["a"])
     with pytest.raises((ValueError, OSError, RuntimeError, TypeError)) as raised:  # what the wrapper turns into exit 2

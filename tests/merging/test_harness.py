@@ -12,7 +12,7 @@ from lm_eval.models.huggingface import HFLM
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp import ComposedModelForCausalLM
-from merging.harness import LogitcompLM, parse_pairs
+from merging.harness.model import LogitcompLM, parse_pairs
 from reference import merged_expert
 
 REQUESTS = [("AB>", "BA"), ("CAFE>", "DBFE"), ("P>", "P"), ("ABCDEFG>", "ABCDEFG")]
@@ -57,9 +57,9 @@ def test_plain_lm_eval_finds_the_model_through_the_installed_hook():
     # A fresh interpreter that never imports this project: the .pth installed with the package must
     # make lm-eval 0.4.13 (no entry points) resolve `logitcomp`, lazily, without hiding its own models.
     code = ("import sys, lm_eval.models; from lm_eval.api.registry import get_model, model_registry; "
-            "assert model_registry._objs['logitcomp'] == 'merging.harness:LogitcompLM'; "
-            "assert 'merging.harness' not in sys.modules; "
+            "assert model_registry._objs['logitcomp'] == 'merging.harness.model:LogitcompLM'; "
+            "assert 'merging.harness.model' not in sys.modules; "
             "print(get_model('logitcomp').__module__, get_model('hf').__name__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["merging.harness", "HFLM"]
+    assert proc.stdout.split() == ["merging.harness.model", "HFLM"]

@@ -131,7 +131,7 @@ def test_a_second_run_of_one_output_is_refused_and_leftovers_are_swept(tmp_path)
 
 def test_runner_writes_only_inside_its_output(tmp_path):
     from merging.recipe import RecipeError
-    from merging.runner import inside
+    from merging.output import inside
 
     out = tmp_path.resolve()
     assert inside(out, "variants", "a.json") == out / "variants" / "a.json"

@@ -87,7 +87,7 @@ def _bits_per_byte(model, tokenizer) -> float:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from merging.harness import LogitcompLM
+    from merging.harness.model import LogitcompLM
 
     lm = (LogitcompLM if hasattr(model, "composition") else HFLM)(pretrained=model.eval(), tokenizer=tokenizer, batch_size=4)
     out = simple_evaluate(model=lm, tasks=["smol_text"], limit=4, task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))

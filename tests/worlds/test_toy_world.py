@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from merging.worlds.toy import ACCURACY_BAR, TASKS, make_eval_set
 from merging.worlds.toy.evaluate import exact_match
-from merging.harness import TASKS_DIR
+from merging.harness.cli import TASKS_DIR
 
 pytestmark = pytest.mark.slow
 

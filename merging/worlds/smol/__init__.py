@@ -1,5 +1,5 @@
 """The SmolLM2 world: a real pretrained LLM (SmolLM2-135M-Instruct, from a PyPI wheel) with math,
-code and style LoRA experts trained on CPU, seeded data, lm-eval tasks and a code sandbox.
+code and style LoRA experts trained on CPU, seeded data, lm-eval tasks (model-written code is scored by merging.sandbox).
 
     logitcomp smol build DIR                      # convert the model into DIR/base
     logitcomp smol train DIR --experts math,code,shout

@@ -5,7 +5,7 @@ mechanism, so an installed package cannot add a model name to the plain `lm_eval
 The `logitcomp-lm-eval.pth` file that installs with this package imports this module at
 interpreter start-up; it only adds an import hook (nothing of lm-eval or torch is imported).
 When `lm_eval.models` is first imported, the hook registers `logitcomp` as a lazy
-placeholder for `merging.harness:LogitcompLM`; lm-eval imports the class only when the
+placeholder for `merging.harness.model:LogitcompLM`; lm-eval imports the class only when the
 name is used. lm-eval versions that read the `lm_eval.models` entry points find the same
 placeholder there; registering an equal placeholder twice is a no-op in lm-eval's registry.
 """
@@ -17,7 +17,7 @@ import importlib.machinery
 import sys
 
 MODEL_NAME = "logitcomp"
-TARGET = "merging.harness:LogitcompLM"
+TARGET = "merging.harness.model:LogitcompLM"
 _WATCHED = "lm_eval.models"
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from merging.worlds import sandbox
+from merging import sandbox
 from merging.worlds.smol.data import code_tasks
-from merging.worlds.sandbox import GRACE, OPT_IN, CodeExecutionNotAllowed, Limits, passes_tests, run_program
+from merging.sandbox import GRACE, OPT_IN, CodeExecutionNotAllowed, Limits, passes_tests, run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_bwrap = pytest.mark.skipif(os.environ.get(OPT_IN, "1") and sandbox._sandbox_problem() is not None,
@@ -62,7 +62,7 @@ def test_the_evaluators_environment_is_out_of_reach():
                "    try:\n        found.append(open(f'/proc/{pid}/environ', 'rb').read().decode(errors='replace'))\n"
                "    except OSError:\n        pass\n"
                "print(found, file=sys.stderr)\nassert any('hun' + 'ter2' in f for f in found)\n")
-    proc = _evaluator(f"from merging.worlds.sandbox import run_program\nprint(run_program({program!r}))\n",
+    proc = _evaluator(f"from merging.sandbox import run_program\nprint(run_program({program!r}))\n",
                       LOGITCOMP_TEST_SECRET="hunter2-token")
     assert proc.returncode == 0 and proc.stdout.startswith("(False, ") and "hunter2" not in proc.stdout, proc.stdout + proc.stderr
 
@@ -92,7 +92,7 @@ def _accept(server):
 @needs_bwrap
 def test_the_evaluating_process_cannot_be_signalled():
     proc = _evaluator(
-        "import os\nfrom merging.worlds.sandbox import run_program\n"
+        "import os\nfrom merging.sandbox import run_program\n"
         "print(run_program(f'import os, signal\\nfor pid in (os.getppid(), {os.getpid()}):\\n"
         "    try:\\n        os.kill(pid, signal.SIGKILL)\\n    except OSError:\\n        pass\\n'.replace('{os.getpid()}', str(os.getpid()))))\n"
         "print('evaluator survived')\n")
@@ -138,7 +138,7 @@ def test_no_process_outlives_the_program_and_every_wait_is_bounded():
 @needs_bwrap
 def test_an_stderr_flood_does_not_grow_the_evaluator():
     proc = _evaluator(
-        "import resource\nfrom merging.worlds.sandbox import Limits, run_program\n"
+        "import resource\nfrom merging.sandbox import Limits, run_program\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "ok, why = run_program('import sys\\nwhile True:\\n    sys.stderr.write(\"x\" * 2**20)\\n', Limits(seconds=3))\n"
         "print(ok, len(why), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")

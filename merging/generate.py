@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from .recipe_file import load_recipe
+from .checks import check_device
+from .plan import prepare
 
 
 @dataclass(frozen=True)
@@ -16,33 +18,26 @@ class Generation:
     trace: list[tuple[str, list[float], float]]
 
 
-def load_recipe_models(path, check_tasks: bool = False):
-    """Load and check a recipe's models offline, then fetch hub references. Returns (recipe, paths)."""
-    from .runner import check_device, check_inputs
-
-    recipe, paths = load_recipe(path)
-    check_inputs(recipe, paths, check_tasks=check_tasks)
-    check_device(recipe.evaluate.device)
-    paths.fetch()
-    return recipe, paths
-
-
 def generate_from_recipe(path, prompt: str, max_new_tokens: int = 32, trace: bool = False, rule: str | None = None,
                          rule_params: dict | None = None) -> Generation:
     """Greedy decoding of `prompt` by the recipe's composed model (`rule`/`rule_params` override the recipe's)."""
-    import dataclasses
-
     import torch
     from transformers import AutoTokenizer
 
-    from .variants import load_composed
+    from logitcomp import ComposedModelForCausalLM
 
-    recipe, paths = load_recipe_models(path)
+    p = prepare(path, check_tasks=False)
+    recipe, paths = p.recipe, p.paths
+    check_device(recipe.evaluate.device)
+    paths.fetch()
     config = recipe.composition()
     if rule is not None or rule_params is not None:
         config = dataclasses.replace(config, rule=rule or config.rule,
                                      rule_params=rule_params if rule_params is not None else ({} if rule else config.rule_params))
-    composed = load_composed(recipe, paths, config)
+    ev = recipe.evaluate
+    composed = ComposedModelForCausalLM.from_experts(paths.base, paths.experts, config=config, dtype=None if ev.dtype == "auto" else ev.dtype,
+                                                     device=ev.device, allow_pickle=recipe.allow_pickle,
+                                                     trust_remote_code=recipe.trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(paths.base)
     batch = tokenizer([prompt], return_tensors="pt").to(composed.device)
     with torch.no_grad():

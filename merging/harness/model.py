@@ -1,4 +1,4 @@
-"""lm-eval integration: the `logitcomp` model and the `logitcomp-lm-eval` console script.
+"""The `logitcomp` lm-eval model (`LogitcompLM`) and `InMemoryHFLM`, the model every plain row is scored by.
 
 The composed model is an lm-eval model of its own: loglikelihood, loglikelihood_rolling and
 generate_until all run through the composition (lm-eval's HFLM does the batching, and stops
@@ -14,15 +14,13 @@ model_args (lm-eval splits them on commas, so lists use `|` and `name:value`):
 plus every HFLM argument (batch_size, max_length, ...).
 
 Under `torchrun --nproc_per_node N -m lm_eval --model logitcomp ...` (or `accelerate launch`), the
-N processes split the requests and lm-eval gathers the results on rank 0 (`merging.distributed`);
+N processes split the requests and lm-eval gathers the results on rank 0 (`distributed.py`);
 `device=cuda` then means each process's own GPU.
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
-from pathlib import Path
 
 import torch
 from lm_eval.api.registry import register_model
@@ -32,9 +30,6 @@ from transformers import AutoTokenizer
 from logitcomp import ComposedModelForCausalLM, CompositionConfig
 
 from .distributed import DataParallel, local_device
-
-TASKS_DIR = Path(__file__).resolve().parent.parent / "recipes" / "tasks"
-
 
 def parse_pairs(field: str, text: str) -> dict[str, str]:
     """`a:x|b:y` -> {"a": "x", "b": "y"}. Raises ValueError naming `field` on bad syntax or duplicates."""
@@ -113,22 +108,9 @@ class LogitcompLM(DataParallel, HFLM):
         self._join()
 
 
-def lm_eval_main(argv: list[str] | None = None) -> None:
-    """lm-eval's CLI with the `logitcomp` model registered and `recipes/tasks` on the include path."""
-    from lm_eval.__main__ import cli_evaluate
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--include_path" not in args and TASKS_DIR.is_dir():
-        args += ["--include_path", str(TASKS_DIR)]
-    sys.argv = ["lm_eval", *args]
-    try:
-        cli_evaluate()
-    except KeyboardInterrupt:
-        sys.exit("logitcomp-lm-eval: interrupted")
-    except (ValueError, OSError, RuntimeError, TypeError) as exc:  # lm-eval's CLI shows the traceback of any error
-        from .cli import one_line
-
-        if "--verbosity" in args and "DEBUG" in args:
-            raise
-        print(f"logitcomp-lm-eval: error: {one_line(exc)}", file=sys.stderr)
-        sys.exit(2)
+def lm_eval_model(model, tokenizer_path, batch_size: int, trust_remote_code: bool = False) -> HFLM:
+    """The lm-eval model over an in-memory `model`: `LogitcompLM` for a composition, `InMemoryHFLM` for every
+    plain model (both data parallel under a launcher); the tokenizer is the base's."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+    lm_class = LogitcompLM if isinstance(model, ComposedModelForCausalLM) else InMemoryHFLM
+    return lm_class(pretrained=model.eval(), tokenizer=tokenizer, batch_size=batch_size)

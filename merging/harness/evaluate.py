@@ -1,0 +1,59 @@
+"""One row of a recipe through lm-eval: its task index, `simple_evaluate`, and lm-eval's own outputs
+written atomically into the row's folder."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from logitcomp.io import atomic_dir
+
+
+class _DropWarnings(logging.Filter):
+    """Drops lm-eval warnings about what the runner does on purpose: HFLM warns on every in-memory
+    model (the runner loads each variant once), and every `custom_dataset` task (how the shipped
+    tasks read their jsonl beside the YAML) advises `--metadata` at every load."""
+
+    PREFIXES = ("`pretrained` model kwarg is not of type", "Passed an already-initialized model")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith(self.PREFIXES) or "Custom kwargs can be passed to `--metadata`" in msg)
+
+
+for _name in ("lm_eval.models.huggingface", "lm_eval.api.task"):
+    logging.getLogger(_name).addFilter(_DropWarnings())
+
+
+def task_manager(include_path: Path | None, tasks: list[str]):
+    """lm-eval's TaskManager; when every task is in `include_path`, only that folder is indexed
+    (indexing lm-eval's thousands of built-in task files takes seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path:
+        local = TaskManager(include_path=str(include_path), include_defaults=False)
+        if set(tasks) <= set(local.all_tasks):
+            return local
+    return TaskManager(include_path=str(include_path) if include_path else None)
+
+
+def evaluate(lm, spec, include_path: Path | None, out: Path) -> dict | None:
+    """Run lm-eval on `lm` with a recipe's `evaluate:` block (`spec`); write lm-eval's aggregated results
+    and per-sample outputs into `out` (replacing an earlier run's whole). Returns {task: metrics}, or None
+    on a rank other than 0 under a launcher (lm-eval gathered its share on rank 0)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
+
+    tasks = list(spec.tasks)
+    results = simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager(include_path, tasks), limit=spec.limit,
+                              num_fewshot=spec.num_fewshot, gen_kwargs=dict(spec.gen_kwargs) or None, log_samples=True,
+                              confirm_run_unsafe_code=spec.confirm_run_unsafe_code)
+    if results is None:
+        return None
+    samples = results.pop("samples")
+    with atomic_dir(out) as tmp:
+        tracker = EvaluationTracker(output_path=str(tmp))
+        tracker.save_results_aggregated(results=results, samples=samples)
+        for task in results["configs"]:
+            tracker.save_results_samples(task_name=task, samples=samples[task])
+    return {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}

@@ -1,0 +1,88 @@
+"""`ModelPool`: the models a run's rows are built from, the base loaded once per run.
+
+The pool holds the run's base model and wraps it, at the first LoRA row, in one PeftModel that
+holds every LoRA expert; temporary adapters (a merged_lora row's) join it for one row. Each kind
+(`merging.kinds`) builds its rows' models from these pieces. Full-model experts and merged models
+are loaded per row and dropped after it. Nothing here imports torch until a model is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from logitcomp.inputs import expert_kind
+
+from .harness.distributed import broadcast, local_device, world
+from .kinds import Kind, Variant
+
+
+class ModelPool:
+    """The models of one run's rows. Its inputs are those `checks.check_inputs` has checked (adapter
+    files scanned for NaN/inf included); `lora_cache` is the folder mergekit keeps LoRA experts merged
+    into the base in, shared by the run's merges."""
+
+    def __init__(self, recipe, paths, lora_cache: Path | None = None):
+        from logitcomp.loading import LoadOptions
+
+        self.recipe, self.paths, self.lora_cache = recipe, paths, lora_cache
+        ev = recipe.evaluate
+        self.options = LoadOptions(None if ev.dtype == "auto" else ev.dtype, local_device(ev.device), recipe.allow_pickle,
+                                   recipe.trust_remote_code)
+        self.lora = [n for n, p in paths.experts.items() if expert_kind(n, p) == "lora"]  # LoRA experts by name
+        self._base = self._peft = None
+
+    def base(self):
+        """The base model (loaded at the first call)."""
+        if self._base is None:
+            self._base = self.load("base", self.paths.base)
+        return self._base
+
+    def peft(self):
+        """The PeftModel holding every LoRA expert (None when the recipe has none and no temporary adapter came yet)."""
+        for name in self.lora:
+            if self._peft is None or name not in self._peft.peft_config:
+                self._attach(name, self.paths.experts[name], f"experts.{name}")
+        return self._peft
+
+    def full_expert(self, name: str):
+        """A full-model expert, loaded for the caller, its vocabulary checked against the base's."""
+        from logitcomp.loading import check_same_vocabulary
+
+        model = self.load(f"experts.{name}", self.paths.experts[name])
+        check_same_vocabulary(name, self.paths.experts[name], self.paths.base, model, self.base())
+        return model
+
+    def load(self, label: str, path: Path):
+        """A model folder loaded with the run's dtype, device and opt-ins (`label` names it in errors)."""
+        from logitcomp.loading import load_model
+
+        return load_model(label, path, self.options)
+
+    def merge(self, kind: Kind, row: Variant) -> Path:
+        """The row's model folder built by its kind; by rank 0 alone under a launcher (the others wait for its folder)."""
+        return broadcast(kind.build(row, self.recipe, self.paths, self.lora_cache) if world()[0] == 0 else None)
+
+    @contextlib.contextmanager
+    def adapter(self, label: str, path: Path) -> Iterator:
+        """The shared PeftModel with the adapter at `path` active, for this context only."""
+        adapter = f"row_{len(self._peft.peft_config) if self._peft else 0}"  # peft names cannot hold '.' or '['
+        self._attach(adapter, path, label)
+        try:
+            self._peft.set_adapter(adapter)
+            yield self._peft
+        finally:  # (peft warns when the active adapter is deleted: activate another first)
+            others = [a for a in self._peft.peft_config if a != adapter]
+            if others:
+                self._peft.set_adapter(others[0])
+                self._peft.delete_adapter(adapter)
+
+    def _attach(self, adapter: str, path: Path, label: str) -> None:
+        """Load one adapter into the shared PeftModel (made around the base at the first one)."""
+        from logitcomp.loading import attach_lora
+
+        try:
+            self._peft = attach_lora(self._peft or self.base(), adapter, path, self.paths.base, self.options)
+        except ValueError as exc:
+            raise ValueError(f"{label}: {exc}") from None
