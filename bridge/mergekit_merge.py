@@ -25,6 +25,15 @@ log = logging.getLogger(__name__)
 CONFIG_NAME = "mergekit_config.yml"
 
 
+class _DropTorchDtypeDeprecation(logging.Filter):
+    """mergekit 0.1.5 sets `config.torch_dtype` on the merged model's config, which transformers 5 reports
+    as deprecated at every merge; the line names nothing a user of this package can change."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("`torch_dtype` is deprecated")
+
+
+
 def merge_methods() -> dict:
     """mergekit's registered merge methods by name."""
     from mergekit.merge_methods.registry import registered_methods
@@ -111,7 +120,13 @@ def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, m
         LoaderCache().loaders.clear()  # a changed adapter at the same path must not be served stale
         settings = MergeOptions(**{"random_seed": 0, **(options or {}), "lora_merge_cache": cache, "write_model_card": False,
                                    "copy_tokenizer": True, "cuda": device.startswith("cuda"), "device": device, "quiet": True})
-        run_merge(merge_config, str(tmp), settings)
+        transformers_config_log = logging.getLogger("transformers.configuration_utils")
+        quiet = _DropTorchDtypeDeprecation()
+        transformers_config_log.addFilter(quiet)
+        try:
+            run_merge(merge_config, str(tmp), settings)
+        finally:
+            transformers_config_log.removeFilter(quiet)
         LoaderCache().loaders.clear()
         try:  # NaN/inf in the base or a full expert shows up in the result (reading it back once is cheap)
             check_finite("merged", tmp)

@@ -12,6 +12,8 @@ from peft import LoraConfig, get_peft_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+TASKS = Path(__file__).resolve().parents[1] / "recipes" / "tasks"
+
 # name -> LoRA settings; different ranks, alphas, scalings and target modules on purpose
 TINY_ADAPTERS = {
     "a": dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]),
@@ -77,3 +79,28 @@ def run_side_by_side(*commands: dict) -> list[subprocess.CompletedProcess]:
     in its own thread, which reads that process's pipes, so no process stalls on a full pipe."""
     with ThreadPoolExecutor(max(1, len(commands))) as pool:
         return list(pool.map(lambda kwargs: subprocess.run(**kwargs), commands))
+
+
+def count_planning(monkeypatch) -> list[str]:
+    """Record every expansion of a recipe item by its kind (`Kind.rows`): planning a recipe once adds
+    one entry per `variants:` item, each further planning as many again."""
+    from merging.kinds import KINDS
+
+    calls = []
+    for kind in KINDS.values():
+        monkeypatch.setattr(kind, "rows", lambda spec, recipe, _rows=kind.rows: calls.append(spec.name) or _rows(spec, recipe))
+    return calls
+
+
+def bits_per_byte(model, tokenizer) -> float:
+    """smol_text's bits per byte (4 documents) of a model loaded on its own, through lm-eval: the reference
+    a recipe row's number is checked against."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from merging.harness.model import LogitcompLM
+
+    lm = (LogitcompLM if hasattr(model, "composition") else HFLM)(pretrained=model.eval(), tokenizer=tokenizer, batch_size=4)
+    out = simple_evaluate(model=lm, tasks=["smol_text"], limit=4, task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
+    return out["results"]["smol_text"]["bits_per_byte,none"]

@@ -3,6 +3,7 @@ its merge methods). `KINDS` maps the name used in recipes to the kind; its order
 in which recipes and messages list them. Adding a kind: one module here and one line below.
 """
 
+from .arrow import ArrowKind
 from .base import BaseKind
 from .composed import ComposedKind
 from .experts import ExpertsKind
@@ -16,6 +17,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     ComposedKind(),
     MergedKind(),
     MergedLoraKind(),
+    ArrowKind(),
 )}
 
 __all__ = ["KINDS", "Kind", "Variant"]

@@ -13,6 +13,7 @@ import yaml
 from merging.plan import plan
 from merging.recipe import Recipe, RecipeError, SelectSpec
 from merging.sweeps import main_rows, select
+from common import bits_per_byte
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 
@@ -81,19 +82,6 @@ def test_selection_is_the_validation_argmax_and_reports_that_values_test_score()
         select(results, rows, SelectSpec(task="val", metric="accuracy"))
 
 
-def _bits_per_byte(model, tokenizer) -> float:
-    """smol_text's bits per byte (4 documents) of a model loaded on its own, through lm-eval."""
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-
-    from merging.harness.model import LogitcompLM
-
-    lm = (LogitcompLM if hasattr(model, "composition") else HFLM)(pretrained=model.eval(), tokenizer=tokenizer, batch_size=4)
-    out = simple_evaluate(model=lm, tasks=["smol_text"], limit=4, task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
-    return out["results"]["smol_text"]["bits_per_byte,none"]
-
-
 def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_models(tiny, tmp_path, monkeypatch):
     """Every row comes from one base loaded once (LoRA rows as adapters of one PeftModel); its numbers
     equal those of each model loaded on its own, and λ means what the recipe says for each kind."""
@@ -105,6 +93,9 @@ def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_mode
     import logitcomp.loading
     from merging.runner import run_recipe
 
+    from common import count_planning
+
+    planned = count_planning(monkeypatch)
     loads = []
     real_load = logitcomp.loading.load_model
     monkeypatch.setattr(logitcomp.loading, "load_model", lambda label, *a: loads.append(label) or real_load(label, *a))
@@ -120,6 +111,7 @@ def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_mode
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     results = run_recipe(path, echo=lambda *_: None)
     assert len(results) == 9 and loads == ["base", "ta[lambda=0.5]", "ta[lambda=1]"]  # the base once; each mergekit merge once
+    assert planned == ["base", "experts", "w", "ta", "lora"]  # the recipe planned once
     monkeypatch.undo()
     out = tmp_path / "out"
     bpb = {name: r["smol_text"]["bits_per_byte,none"] for name, r in results.items()}
@@ -128,14 +120,14 @@ def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_mode
     base = lambda: AutoModelForCausalLM.from_pretrained(tiny.base)  # noqa: E731
     experts = {"a": tiny.adapters["a"], "b": tiny.adapters["b"]}
     reference = {
-        "base": _bits_per_byte(base(), tok),
-        "a": _bits_per_byte(PeftModel.from_pretrained(base(), tiny.adapters["a"]), tok),
-        "w[lambda=0.5]": _bits_per_byte(ComposedModelForCausalLM.from_experts(tiny.base, experts, config=CompositionConfig(weights={"a": 0.5, "b": 0.5})), tok),
-        "w[lambda=1.5]": _bits_per_byte(ComposedModelForCausalLM.from_experts(tiny.base, experts, {"a": 1.5, "b": 1.5}), tok),
+        "base": bits_per_byte(base(), tok),
+        "a": bits_per_byte(PeftModel.from_pretrained(base(), tiny.adapters["a"]), tok),
+        "w[lambda=0.5]": bits_per_byte(ComposedModelForCausalLM.from_experts(tiny.base, experts, config=CompositionConfig(weights={"a": 0.5, "b": 0.5})), tok),
+        "w[lambda=1.5]": bits_per_byte(ComposedModelForCausalLM.from_experts(tiny.base, experts, {"a": 1.5, "b": 1.5}), tok),
         # mergekit's lambda 0.5 is task arithmetic with every weight halved, and merge-as-LoRA with weights 0.5
-        "ta[lambda=0.5]": _bits_per_byte(AutoModelForCausalLM.from_pretrained(
+        "ta[lambda=0.5]": bits_per_byte(AutoModelForCausalLM.from_pretrained(
             bridge.task_arithmetic(tiny.base, experts, tmp_path / "ref_ta", {"a": 0.5, "b": 0.5})), tok),
-        "lora[lambda=0.5]": _bits_per_byte(AutoModelForCausalLM.from_pretrained(
+        "lora[lambda=0.5]": bits_per_byte(AutoModelForCausalLM.from_pretrained(
             bridge.task_arithmetic(tiny.base, experts, tmp_path / "ref_ta", {"a": 0.5, "b": 0.5})), tok),
     }
     for name, expected in reference.items():

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common import run_side_by_side
+from common import count_planning, run_side_by_side
 from merging.runner import run_recipe
 
 pytestmark = pytest.mark.slow
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 
 
-def test_toy_recipe_composed_solves_the_pair_task_and_lm_eval_cli_agrees(toy_factorised, tmp_path):
+def test_toy_recipe_composed_solves_the_pair_task_and_lm_eval_cli_agrees(toy_factorised, tmp_path, monkeypatch):
     world = toy_factorised
     recipe = yaml.safe_load((TASKS.parent / "toy-letters.yaml").read_text())
     recipe.update(base=str(world.base), output=str(tmp_path / "run"),
@@ -25,7 +25,10 @@ def test_toy_recipe_composed_solves_the_pair_task_and_lm_eval_cli_agrees(toy_fac
                   evaluate={**recipe["evaluate"], "tasks": ["toy_a2b_c2d"], "include_path": str(TASKS)})
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(recipe))
+    planned = count_planning(monkeypatch)
     results = run_recipe(path, echo=lambda *_: None)
+    assert planned == recipe["variants"]  # the recipe planned once (base, experts, composed, merged, merged_lora)
+    monkeypatch.undo()
     pair = {v: r["toy_a2b_c2d"]["exact_match,none"] for v, r in results.items()}
     stderr = {v: r["toy_a2b_c2d"]["exact_match_stderr,none"] for v, r in results.items()}
     assert pair["composed"] >= 0.99 and pair["a2b"] <= 0.05 and pair["c2d"] <= 0.05, pair
