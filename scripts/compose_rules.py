@@ -22,9 +22,10 @@ from transformers import AutoTokenizer
 
 from logitcomp import ComposedModelForCausalLM, CompositionConfig
 from logitcomp.io import atomic_write_bytes
-from merging.worlds.toy import TASKS, make_eval_set, make_validation_set
+from merging.worlds.toy import TASKS, ToyConfig, make_eval_set, make_validation_set
+from merging.worlds.toy.build import world_at
 from merging.worlds.toy.evaluate import exact_match
-from toy_composition import EVAL_TASKS, world_for
+from toy_composition import EVAL_TASKS
 
 GRID: dict[str, list[dict]] = {
     "product": [{}],
@@ -58,7 +59,7 @@ def main() -> None:
     tasks = {t.name: t for t in TASKS}
     val = {label: make_validation_set(tasks["_".join(r)]) for label, r in EVAL_TASKS.items()}
     test = {label: make_eval_set(tasks["_".join(r)]) for label, r in EVAL_TASKS.items()}
-    worlds = {seed: world_for(args.worlds.resolve(), args.variant, seed) for seed in args.seeds}
+    worlds = {seed: world_at(args.worlds.resolve(), ToyConfig(variant=args.variant, seed=seed)) for seed in args.seeds}
     validation, chosen, results = {}, {}, {}
     for rule, candidates in ((r, GRID[r]) for r in args.rules):
         means = []

@@ -135,3 +135,36 @@ def test_rule_parameters_are_validated_by_name():
                             ({"rule": "product", "rule_params": {"scale": 1}}, r"rule_params: product takes no parameters, got 'scale'")):
         with pytest.raises(ValueError, match=message):
             CompositionConfig(**kwargs)
+
+
+def test_the_model_compiles_its_composition_once_and_a_step_checks_nothing(tiny, monkeypatch):
+    """Built (or assigned) once into a Composer; generate's steps call no check; a new config is seen."""
+    from logitcomp import ComposedModelForCausalLM
+    from logitcomp.ops import Composer
+    from logitcomp.rules import Rule
+
+    experts = {"a": tiny.adapters["a"], "b": tiny.adapters["b"]}
+    config = CompositionConfig(rule="activity", rule_params={"gamma": 2.0}, eos_policy="any")
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, experts, config=config)
+    ids = torch.tensor([[1, 40, 41, 42]])
+    calls = []
+    for owner, name in ((Composer, "build"), (Rule, "check"), (CompositionConfig, "__post_init__")):
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    out = composed.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    assert calls == [] and out.shape == (1, 10)
+    # the step's numbers are the checked rule's: the formula by hand on the same forward's logits
+    logits = composed(ids).logits[0, -1]
+    lb, la, lbb = (ComposedModelForCausalLM.from_experts(tiny.base, experts, {"a": w_a, "b": w_b})(ids).logits[0, -1]
+                   for w_a, w_b in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0)))  # base, a alone, b alone (product with zero weights)
+    want = compose_logprobs(lb, [la, lbb], rule="activity", rule_params={"gamma": 2.0})
+    eos = composed.generation_config.eos_token_id
+    if eos is not None:
+        from logitcomp import apply_eos_policy
+
+        want = apply_eos_policy(want, lb, [la, lbb], [eos] if isinstance(eos, int) else eos, "any")
+    _close(logits, want)
+    calls.clear()
+    composed.composition = CompositionConfig(weights={"a": 0.0, "b": 0.0})  # checked and compiled once, here
+    assert calls.count("build") == 1
+    _close(composed(ids).logits[0, -1], lb)

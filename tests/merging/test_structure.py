@@ -5,6 +5,7 @@ in their registry, and docs/ARCHITECTURE.md listing exactly the modules there ar
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -184,3 +185,9 @@ def test_every_registered_world_writes_its_shipped_task_files(tmp_path, capsys):
         assert written and set(written) <= {p.name for p in (ROOT / "recipes" / "tasks" / world).iterdir()}, written
         for name in written:
             assert (tmp_path / world / name).read_bytes() == (ROOT / "recipes" / "tasks" / world / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("script", sorted(p.stem for p in (ROOT / "scripts").glob("*.py")))
+def test_every_script_imports(script):
+    """A script's imports name what the packages hold (scripts/ is on sys.path: tests/conftest.py)."""
+    importlib.import_module(script)
