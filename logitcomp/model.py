@@ -26,6 +26,7 @@ from .loading import LoadOptions
 from .ops import Composer, entropy, kl_divergence
 
 log = logging.getLogger(__name__)
+SCORING_BUDGET = 1 << 27  # elements (512 MiB of fp32 logits) of the k + 1 models' logits in one scoring forward
 # transformers' generate hands its own arguments on to every forward call (models take **kwargs)
 GENERATE_ONLY = frozenset({"tokenizer", "assistant_tokenizer", "assistant_model", "streamer"})
 
@@ -139,6 +140,9 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         self.generation_config = copy.deepcopy(hf_model.generation_config)
         self._lora = LoraStack(model, lora) if isinstance(model, PeftModel) else None
         self._routing = False  # True while `generate` holds the routing for all its steps
+        # a forward that scores every position of a sequence (lm-eval's loglikelihood, `labels`) runs in position
+        # chunks whose k + 1 logits tensors hold at most this many elements (None: one forward, as many as it takes)
+        self.scoring_budget: int | None = SCORING_BUDGET
         self._eos = ((), torch.zeros(0, dtype=torch.long))  # (ids, the same ids as a tensor on the last device used)
         self.eval()
 
@@ -233,8 +237,24 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         if cache is not None and not isinstance(cache, ComposedCache):
             raise ValueError(f"cache: expected a ComposedCache from a previous call, got {type(cache).__name__}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and cache is None:
-            cache = ComposedCache(dict(self.full_experts))
+        batch, length = input_ids.shape
+        chunk = self._scoring_chunk(batch, length) if cache is None and not logits_to_keep else length
+        if chunk < length:  # a whole sequence scored in position chunks, continued through a cache
+            out = self._forward_in_chunks(input_ids, attention_mask, position_ids, chunk, output_trace, use_cache)
+        else:
+            if use_cache and cache is None:
+                cache = ComposedCache(dict(self.full_experts))
+            out = self._step(input_ids, attention_mask, cache if use_cache else None, position_ids, logits_to_keep, output_trace)
+        if labels is not None:  # as transformers' causal LMs: position t scores labels[t + 1], -100 ignored
+            if logits_to_keep:
+                raise ValueError("labels: a loss needs every position's logits; pass logits_to_keep=0")
+            logp = out.logits[:, :-1]  # (B, T-1, V), already normalised
+            out["loss"] = torch.nn.functional.nll_loss(logp.flatten(0, 1), labels[:, 1:].flatten().to(logp.device), ignore_index=-100)
+        return out
+
+    def _step(self, input_ids, attention_mask, cache, position_ids, logits_to_keep, output_trace) -> ComposedCausalLMOutput:
+        """One forward of every row (the grouped LoRA rows and each full expert), then the composition.
+        `cache`: continued and returned when given, else nothing is cached."""
         batch, length = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
@@ -246,8 +266,8 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 input_ids=rep(input_ids),
                 attention_mask=rep(attention_mask),
                 position_ids=rep(position_ids),
-                cache=cache.rows if use_cache else None,
-                use_cache=use_cache,
+                cache=cache.rows if cache is not None else None,
+                use_cache=cache is not None,
                 logits_to_keep=logits_to_keep,
             )
         grouped = out.logits.view(groups, batch, *out.logits.shape[1:])  # (G, B, T', V)
@@ -257,17 +277,46 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                cache=cache.full[name] if use_cache else None,
-                use_cache=use_cache,
+                cache=cache.full[name] if cache is not None else None,
+                use_cache=cache is not None,
                 logits_to_keep=logits_to_keep,
             ).logits  # (B, T', V)
-        out = self._compose(grouped[0], [by_name[e] for e in self.experts], cache if use_cache else None, output_trace)
-        if labels is not None:  # as transformers' causal LMs: position t scores labels[t + 1], -100 ignored
-            if logits_to_keep:
-                raise ValueError("labels: a loss needs every position's logits; pass logits_to_keep=0")
-            logp = out.logits[:, :-1]  # (B, T-1, V), already normalised
-            out["loss"] = torch.nn.functional.nll_loss(logp.flatten(0, 1), labels[:, 1:].flatten().to(logp.device), ignore_index=-100)
-        return out
+        return self._compose(grouped[0], [by_name[e] for e in self.experts], cache, output_trace)
+
+    def _scoring_chunk(self, batch: int, length: int) -> int:
+        """Positions per forward when every position's log-probs are wanted: as many as keep the k + 1 models'
+        full-vocabulary logits of one forward within `scoring_budget` elements (at least 1, at most `length`)."""
+        if self.scoring_budget is None:
+            return length
+        vocab = self.config.get_text_config().vocab_size
+        return max(1, min(length, self.scoring_budget // (batch * (1 + len(self.experts)) * vocab)))
+
+    def _forward_in_chunks(self, input_ids, attention_mask, position_ids, chunk: int, output_trace,
+                           keep_cache: bool) -> ComposedCausalLMOutput:
+        """Every position's composed log-probs, `chunk` positions per forward, each continuing the previous
+        ones' KV cache: the body computes what one forward would, and the k + 1 models' logits of only one
+        chunk exist at a time; the composed log-probs go into one (B, T, V) buffer. The cache is returned
+        when `keep_cache`."""
+        batch, length = input_ids.shape
+        cache = ComposedCache(dict(self.full_experts))
+        parts, traces, out = [], [], None
+        for start in range(0, length, chunk):
+            end = min(length, start + chunk)
+            step = self._step(input_ids[:, start:end], None if attention_mask is None else attention_mask[:, :end], cache,
+                              None if position_ids is None else position_ids[:, start:end], 0, output_trace)
+            if torch.is_grad_enabled() and step.logits.requires_grad:
+                parts.append(step.logits)  # autograd records no in-place write: concatenated below
+            else:
+                if out is None:
+                    out = step.logits.new_empty(batch, length, step.logits.shape[-1])  # (B, T, V)
+                out[:, start:end] = step.logits
+            if step.trace is not None:
+                traces.append(step.trace)
+        logits = out if out is not None else torch.cat(parts, dim=1)
+        trace = None
+        if traces:
+            trace = CompositionTrace(list(self.experts), torch.cat([t.kl for t in traces], 1), torch.cat([t.entropy for t in traces], 1))
+        return ComposedCausalLMOutput(logits=logits, cache=cache if keep_cache else None, trace=trace)
 
     def _compose(self, base, experts, cache, output_trace) -> ComposedCausalLMOutput:
         masks = [getattr(self, self._mask_buffers[e]) if e in self._mask_buffers else None for e in self.experts]

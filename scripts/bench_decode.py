@@ -285,6 +285,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.child:
         return child(args)
+    report(args, measure(args, argv))
+
+
+def measure(args, argv=None) -> dict:
+    """Every setup measured in its own process (the same command line with `--child SETUP`): setup -> result."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with tempfile.TemporaryDirectory() as tmp:
         build_world(args, Path(tmp))
@@ -297,7 +302,7 @@ def main(argv=None) -> None:
             if line is None:
                 sys.exit(f"bench_decode: setup {setup} failed:\n{proc.stderr[-3000:]}")
             results[setup] = json.loads(line[len("RESULT "):])
-    report(args, results)
+    return results
 
 
 def report(args, results: dict) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -191,3 +192,16 @@ def test_every_registered_world_writes_its_shipped_task_files(tmp_path, capsys):
 def test_every_script_imports(script):
     """A script's imports name what the packages hold (scripts/ is on sys.path: tests/conftest.py)."""
     importlib.import_module(script)
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_its_logic_on_the_cpu_and_says_it_measured_no_gpu():
+    env = {**os.environ, "PY": sys.executable, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu"], capture_output=True, text=True, cwd=ROOT, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "no GPU figure measured" in lines[0]
+    table = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in lines[2:] if line.startswith("| ") and "---" not in line}
+    assert float(table["exactness fp32: max abs(composed - separate models)"]) <= 1e-4
+    assert float(table["exactness bf16: max abs(composed - separate models)"]) <= 0.1
+    assert sum(k.startswith("loglikelihood peak") for k in table) == 2 and sum(k.startswith("generate b1") for k in table) == 3
