@@ -36,13 +36,14 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from bench_child import run_setups
 
 SETUPS = ("single", "composed", "peft", "naive")
 
@@ -290,19 +291,11 @@ def main(argv=None) -> None:
 
 def measure(args, argv=None) -> dict:
     """Every setup measured in its own process (the same command line with `--child SETUP`): setup -> result."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with tempfile.TemporaryDirectory() as tmp:
         build_world(args, Path(tmp))
-        results = {}
         setups = args.setups.split(",") + [f"composed@{rule}" for rule in args.rule]
-        for setup in setups + ([f"{s}+compile" for s in setups] if args.compile else []):
-            cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", setup, "--workdir", tmp]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-            if line is None:
-                sys.exit(f"bench_decode: setup {setup} failed:\n{proc.stderr[-3000:]}")
-            results[setup] = json.loads(line[len("RESULT "):])
-    return results
+        setups += [f"{s}+compile" for s in setups] if args.compile else []
+        return run_setups(__file__, argv if argv is not None else sys.argv[1:], setups, tmp)
 
 
 def report(args, results: dict) -> None:

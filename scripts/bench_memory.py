@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+
+from bench_child import run_setups
 
 # name -> (transformers config class, its arguments): the real models' shapes, random weights
 SHAPES = {
@@ -165,16 +165,7 @@ def measure(args, argv=None) -> dict:
     """Every setup measured in its own process (the same command line with `--child SETUP`): setup -> result."""
     root = build(args)
     setups = ["single"] + [f"composed-k{k}{suffix}" for k in args.experts.split(",") for suffix in ("", "-whole")]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    results = {}
-    for setup in setups:
-        cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", setup, "--workdir", str(root)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"bench_memory: setup {setup} failed:\n{proc.stderr[-3000:]}")
-        results[setup] = json.loads(line[len("RESULT "):])
-    return results
+    return run_setups(__file__, argv if argv is not None else sys.argv[1:], setups, root)
 
 
 def report(args, results: dict) -> None:
