@@ -22,6 +22,7 @@ from transformers.utils import ModelOutput
 from . import persistence
 from .config import CompositionConfig
 from .grouped_lora import LoraStack, grouped_lora
+from .head import fast_head
 from .loading import LoadOptions
 from .ops import Composer, entropy, kl_divergence
 
@@ -375,7 +376,8 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
     def _routed(self, groups: int):
         """Grouped-LoRA routing of `groups` row blocks, over stacked factors checked against the live adapters once,
         on entry: inside one forward, or one `generate` call (its steps cannot change the weights)."""
-        with self._lora.frozen() if self._lora else nullcontext(), grouped_lora(self._lora.layers() if self._lora else [], groups):
+        with self._lora.frozen() if self._lora else nullcontext(), grouped_lora(self._lora.layers() if self._lora else [], groups), \
+                fast_head(self._hf_model):
             yield
 
     # ---- persistence (logitcomp/persistence.py) -----------------------------------------------

@@ -17,6 +17,9 @@ a composed step spent in the composition itself (log_softmax and combine).
     python scripts/bench_decode.py --setups composed --rule activity --rule union   # cost of each rule vs product
     python scripts/bench_decode.py --base gemma_world/base --batch 16   # a real model folder (random LoRA experts)
 
+`--setups single,composed,composed-plainhead --generate` also times the composition with the LM head as
+transformers computes it (`F.linear`), the before of logitcomp/head.py's layout.
+
 `--rule NAME` (repeatable) adds a `composed@NAME` setup per composition rule (default parameters),
 reported beside the product rule's `composed`.
 
@@ -130,7 +133,11 @@ def load_generator(setup: str, root: Path, args):
     if setup == "single":
         return AutoModelForCausalLM.from_pretrained(base_of(args, root), dtype=dtype).to(args.device).eval()
     if setup.startswith("composed"):
-        config = CompositionConfig(rule=setup.partition("@")[2] or "product")
+        if setup.endswith("-plainhead"):  # the LM head as transformers computes it (F.linear): logitcomp/head.py's before
+            import logitcomp.head
+
+            logitcomp.head.MIN_VOCAB = sys.maxsize
+        config = CompositionConfig(rule=setup.removesuffix("-plainhead").partition("@")[2] or "product")
         experts = {f"e{i}": root / f"e{i}" for i in range(args.k)}
         return ComposedModelForCausalLM.from_experts(base_of(args, root), experts, config=config, dtype=dtype, device=args.device)
     sys.exit(f"bench_decode: --generate times single and composed only, not {setup}")
