@@ -239,6 +239,8 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError(f"cache: expected a ComposedCache from a previous call, got {type(cache).__name__}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         batch, length = input_ids.shape
+        if length == 0:
+            raise ValueError(f"input_ids: expected at least one token per row, got shape {tuple(input_ids.shape)}")
         chunk = self._scoring_chunk(batch, length) if cache is None and not logits_to_keep else length
         if chunk < length:  # a whole sequence scored in position chunks, continued through a cache
             out = self._forward_in_chunks(input_ids, attention_mask, position_ids, chunk, output_trace, use_cache)

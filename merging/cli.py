@@ -147,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # per-file "Loading weights" bars drown our own progress
     signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)  # what `docker stop` and Slurm send: the same unwinding, exit 143
     try:
         return args.func(args)
-    except KeyboardInterrupt:  # outputs are written atomically: what was finished is kept, nothing is half-written
+    except KeyboardInterrupt as exc:  # outputs are written atomically: what was finished is kept, nothing is half-written
         if args.debug:
             raise
-        print(INTERRUPTED, file=sys.stderr)
-        return 130
+        terminated = isinstance(exc, Terminated)
+        print(TERMINATED if terminated else INTERRUPTED, file=sys.stderr)
+        return 143 if terminated else 130
     except (ValueError, OSError, RuntimeError) as exc:
         if args.debug:
             raise
@@ -162,17 +164,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 INTERRUPTED = "logitcomp: interrupted; finished outputs are kept and nothing is half-written"
+TERMINATED = "logitcomp: terminated (SIGTERM); finished outputs are kept and nothing is half-written"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the run unwinds the same way (a BaseException:
+    no `except Exception` of a library swallows it)."""
 
 
 def _interrupt(signum, frame) -> None:
-    """First Ctrl-C: KeyboardInterrupt (the run unwinds, temporary folders are removed). A library
-    may swallow it; a second Ctrl-C then ends the process at once (outputs are written atomically,
-    so only `.partial-*` leftovers remain, swept by the next run)."""
+    """First Ctrl-C or SIGTERM: KeyboardInterrupt or Terminated (the run unwinds, the lock is released, temporary
+    folders are removed). A library may swallow it; a second signal then ends the process at once (outputs are
+    written atomically, so only `.partial-*` leftovers remain, swept by the next run)."""
+    term = signum == signal.SIGTERM
     if getattr(_interrupt, "seen", False):
-        print(INTERRUPTED, file=sys.stderr, flush=True)
-        os._exit(130)
+        print(TERMINATED if term else INTERRUPTED, file=sys.stderr, flush=True)
+        os._exit(143 if term else 130)
     _interrupt.seen = True
-    raise KeyboardInterrupt
+    raise Terminated if term else KeyboardInterrupt
 
 
 if __name__ == "__main__":

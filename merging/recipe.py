@@ -175,7 +175,14 @@ class VariantSpec(BaseModel):
             values = [_finite(v) for v in values]
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
-        return {key: _unique(f"{key} value", values)}
+        values = _unique(f"{key} value", values)
+        names = [f"{v:g}" for v in values]  # a swept row is named NAME[KEY=VALUE:g]
+        twin = next((i for i, name in enumerate(names) if name in names[:i]), None)
+        if twin is not None:
+            first = values[names.index(names[twin])]
+            raise ValueError(f"{key}: values {first!r} and {values[twin]!r} would both name the row [{key}={names[twin]}]; "
+                             "give values that differ in their first 6 significant digits")
+        return {key: values}
 
     @model_validator(mode="after")
     def _sweep_of_its_kind(self):

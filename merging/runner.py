@@ -83,8 +83,8 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     if dry_run:
         echo(f"recipe {recipe.name}: {len(variants)} variants x {len(recipe.evaluate.tasks)} tasks -> {out}")
         for v in variants:
-            done = inside(out, "variants", f"{v.name}.json").exists() and not force
-            echo(f"  {v.name:<24} {v.kind:<12} {'done, skipped' if done else 'to run'}")
+            record, why = (None, None) if force else finished(v, recipe, paths, input_state(v, recipe, paths))
+            echo(f"  {v.name:<24} {v.kind:<12} {'done, skipped' if record else 'to run' + (f' ({why})' if why else '')}")
         return None
     check_device(recipe.evaluate.device)
     if processes > 1 and not launched():  # checked above in one process: bad input is one line, not N
@@ -131,17 +131,33 @@ def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
     return results
 
 
+def finished(v: Variant, recipe: Recipe, paths: ResolvedPaths, inputs: dict) -> tuple[dict | None, str | None]:
+    """The row's record in variants/NAME.json when it can be reused (`run` and `--dry-run` decide alike), else
+    None and why not (None when the row was never run): unreadable, not a record, or made from other inputs."""
+    done = inside(paths.output, "variants", f"{v.name}.json")
+    if not done.exists():
+        return None, None
+    try:
+        record = json.loads(done.read_bytes())
+    except (ValueError, OSError) as exc:
+        return None, f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty'})"
+    if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict) or not isinstance(record.get("seconds"), (int, float)):
+        return None, "not a finished row's record"
+    if record.get("inputs") != inputs:
+        return None, f"{_changed(record.get('inputs') if isinstance(record.get('inputs'), dict) else {}, inputs)} changed since it was made"
+    return record, None
+
+
 def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo, rank: int) -> tuple[dict, float]:
     """One row's metrics and seconds: reused from variants/NAME.json while its inputs are unchanged, else
     evaluated. Rank 0 decides, for every rank (they must run the same rows), and writes."""
     done = inside(paths.output, "variants", f"{v.name}.json")
     inputs = input_state(v, recipe, paths)
     record = None
-    if rank == 0 and done.exists() and not force:
-        record = json.loads(done.read_text())
-        if record.get("inputs") != inputs:
-            echo(f"variants/{v.name}.json: {_changed(record.get('inputs') or {}, inputs)} changed since it was made; running it again")
-            record = None
+    if rank == 0 and not force:
+        record, why = finished(v, recipe, paths, inputs)
+        if why:
+            echo(f"variants/{v.name}.json: {why}; running it again")
     if broadcast(record is None):
         record = {**evaluate_variant(v, recipe, paths, pool), "inputs": inputs}
         if rank == 0:

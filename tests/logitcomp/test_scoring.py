@@ -105,3 +105,10 @@ def test_a_forward_that_keeps_some_positions_or_continues_a_cache_is_not_chunked
     calls.clear()
     composed(ids, attention_mask=mask)
     assert calls == [2] * (ids.shape[1] // 2) + ([ids.shape[1] % 2] if ids.shape[1] % 2 else [])
+
+
+def test_an_empty_input_is_one_clear_error(tiny):
+    """Issue 30.12: input_ids of shape (1, 0) failed deep inside transformers with a reshape error."""
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"]})
+    with pytest.raises(ValueError, match=r"^input_ids: expected at least one token per row, got shape \(1, 0\)$"):
+        composed(torch.zeros(1, 0, dtype=torch.long))

@@ -181,6 +181,8 @@ CASES = {
     "swept rule parameter out of range": _r(r"variants: x: rule_params\.alpha: expected a number in \[0, 1\], got 2\.0",
                                             variants=[{"name": "x", "kind": "composed", "rule": "plausible", "sweep": {"alpha": [0.5, 2]}}]),
     "variant named as an expert": _r(r"variants: 'a' is also an expert's name", variants=[{"name": "a", "kind": "composed"}]),
+    "sweep values that name one row": _r(r"variants: \[0\] \(ta\): sweep: lambda: values 0\.3 and 0\.30000000000000004 would both name the row "
+                                         r"\[lambda=0\.3\]", variants=[{"name": "ta", "kind": "merged", "sweep": {"lambda": [0.3, 0.30000000000000004]}}]),
     "arrow over experts of two ranks": _r(r"variants: arrow: peft's Arrow needs LoRA experts of one rank and one set of target modules; "
                                           r"a has r=2 on \('q_proj', 'v_proj'\), b r=4", variants=["arrow"]),
     "arrow over a full expert": ((lambda c, tiny: ["validate", _recipe(c, tiny, experts={"a": str(tiny.adapters["a"]), "f": str(tiny.full_expert)},
@@ -325,7 +327,11 @@ def test_lm_eval_model_arguments_fail_with_one_line_naming_the_argument(tiny, mo
     assert re.search(pattern, one_line(raised.value)), one_line(raised.value)
 
 
-def test_ctrl_c_ends_with_one_line_and_leaves_nothing_half_written(tiny, tmp_path):
+@pytest.mark.parametrize(("signame", "code", "line"), [
+    ("SIGINT", 130, "logitcomp: interrupted; finished outputs are kept and nothing is half-written"),
+    ("SIGTERM", 143, "logitcomp: terminated (SIGTERM); finished outputs are kept and nothing is half-written"),  # issue 30.11
+])
+def test_ctrl_c_ends_with_one_line_and_leaves_nothing_half_written(tiny, tmp_path, signame, code, line):
     import signal
 
     recipe = _recipe(tmp_path, tiny, **{"evaluate.limit": 200})
@@ -338,7 +344,7 @@ def test_ctrl_c_ends_with_one_line_and_leaves_nothing_half_written(tiny, tmp_pat
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     for _ in range(2):  # while the second variant is being evaluated; a second Ctrl-C if a library swallowed the first
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         try:
             _, stderr = proc.communicate(timeout=30)
             break
@@ -347,8 +353,8 @@ def test_ctrl_c_ends_with_one_line_and_leaves_nothing_half_written(tiny, tmp_pat
     else:
         proc.kill()
         raise AssertionError("the run did not end after two Ctrl-C")
-    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-2000:]
-    assert stderr.strip().splitlines()[-1] == "logitcomp: interrupted; finished outputs are kept and nothing is half-written"
+    assert proc.returncode == code and "Traceback" not in stderr, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == line
     out = tmp_path / "out"
     assert json.loads(first.read_text())["metrics"]  # the finished variant is kept whole
     assert not (out / "results.json").exists() and not list(out.rglob("*.json.*")), sorted(out.rglob("*"))  # no half-written file

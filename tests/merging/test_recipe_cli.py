@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -240,3 +241,28 @@ def test_generate_takes_the_rule_of_the_recipe_or_of_the_command_line(tiny, tmp_
         with torch.no_grad():
             out = composed.generate(**batch, max_new_tokens=8, do_sample=False)
         assert proc.stdout.splitlines()[0] == tok.decode(out[0, batch.input_ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_a_corrupt_or_changed_row_record_is_run_again_and_dry_run_says_so(tiny, tmp_path, monkeypatch):
+    """Issue 30.8 and 30.11: a variants/NAME.json that is truncated, `[]`, `null` or `{"inputs": 5}` is named in one
+    line and its row runs again (no traceback, no --force needed); `--dry-run` makes the same reuse decision as `run`."""
+    import merging.runner as runner
+
+    calls = []
+    real = runner.evaluate_variant
+    monkeypatch.setattr(runner, "evaluate_variant", lambda v, *a: calls.append(v.name) or real(v, *a))
+    recipe = write_recipe(tmp_path, tiny, variants=["base", "experts"])
+    runner.run_recipe(recipe, echo=lambda *_: None)
+    records = tmp_path / "out" / "variants"
+    good = (records / "a.json").read_text()
+    for bad, why in ((good[: len(good) // 2], r"unreadable \(JSONDecodeError"), ("[]", "not a finished row's record"),
+                     ("null", "not a finished row's record"), ('{"inputs": 5}', "not a finished row's record")):
+        (records / "a.json").write_text(bad)
+        plan = []
+        runner.run_recipe(recipe, dry_run=True, echo=plan.append)
+        assert any(line.split()[:2] == ["a", "experts"] and line.split()[2:4] == ["to", "run"] for line in plan), plan
+        assert any(line.split()[:4] == ["base", "base", "done,", "skipped"] for line in plan), plan
+        lines, before = [], len(calls)
+        runner.run_recipe(recipe, echo=lines.append)
+        assert calls[before:] == ["a"] and any(line.startswith("variants/a.json: ") and re.search(why, line) for line in lines), lines
+    assert json.loads((records / "a.json").read_text())["metrics"]  # rewritten whole by the last run
