@@ -23,6 +23,10 @@ def check_inputs(recipe, paths, rows: list[Variant], check_tasks: bool = True) -
         if base is not None:
             base = check_base(base, recipe.allow_pickle)
             _check_masks(recipe, vocab_size("base", base))
+        local = {n: p for n, p in paths.experts.items() if not isinstance(p, str)}
+        twins = [(a, b) for i, a in enumerate(local) for b in list(local)[:i] if local[a] == local[b]]
+        if twins:
+            raise RecipeError(f"experts: {twins[0][1]} and {twins[0][0]} are the same folder {local[twins[0][0]]}; list each expert once")
         for name, path in paths.experts.items():
             if isinstance(path, str):
                 log.info("experts.%s: %s is a hub reference, not checked offline", name, path)

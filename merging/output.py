@@ -42,11 +42,22 @@ def check_output(paths: ResolvedPaths) -> None:
         reason = "a model folder, inside one or above one"
     elif (out / "config.json").exists() or (out / "adapter_config.json").exists():
         reason = "a model folder"
+    elif out.exists() and not out.is_dir():
+        reason = "not a folder"
     elif out.is_dir() and any(out.iterdir()) and not (out / "recipe.yaml").is_file():
         reason = "a non-empty folder that no recipe run wrote"
+    elif not os.access(_existing(out), os.W_OK | os.X_OK):
+        reason = f"not writable here ({_existing(out)} is read-only for this user)"
     else:
         return
     raise RecipeError(f"output: {out} is {reason}; choose an empty or new folder for the results")
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest existing parent (where a new output folder would be created)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> None:

@@ -20,6 +20,9 @@ from .recipe import Recipe, ResolvedPaths, VariantSpec
 from .recipe_file import load_recipe
 
 
+MAX_ROW_NAME = 200  # bytes; `NAME.json.partial-XXXXXX` must stay within a file name's 255
+
+
 @dataclass(frozen=True)
 class Plan:
     """A loaded, validated recipe, the absolute paths it names and its rows in order."""
@@ -38,6 +41,10 @@ def plan(recipe: Recipe) -> list[Variant]:
             rows += KINDS[spec.kind].rows(spec, recipe)
         except ValueError as exc:
             raise RecipeError(f"variants: {spec.name}: {exc}") from None
+    for row in rows:  # a row names files (variants/NAME.json, lm_eval/NAME, models/NAME): within the file systems' 255 bytes
+        if len(row.name.encode()) > MAX_ROW_NAME:
+            raise RecipeError(f"variants: the row {row.name[:40]}... has a {len(row.name.encode())}-byte name; "
+                              f"row names (expert and variant names, with [PARAM=VALUE] when swept) hold at most {MAX_ROW_NAME} bytes")
     return rows
 
 

@@ -162,7 +162,7 @@ CASES = {
     "no variants": _r(r"variants: expected at least one variant", "run", variants=[]),
     "variant twice": _r(r"variants: variant 'base' is listed twice", variants=["base", "composed", "base"]),
     "unknown variant": _r(r"variants: \[0\]: unknown variant 'ensemble'; expected one of base, experts, composed", variants=["ensemble"]),
-    "variant of an unknown kind": _r(r"variants: \[1\] \(x\): kind: expected one of composed, merged, merged_lora, got 'ensemble'",
+    "variant of an unknown kind": _r(r"variants: \[1\] \(x\): kind: expected one of composed, merged, merged_lora, arrow, got 'ensemble'",
                                      variants=["base", {"name": "x", "kind": "ensemble"}]),
     "option of another kind": _r(r"variants: \[0\] \(x\): unknown key 'method' for a composed variant; allowed keys: name, kind, sweep",
                                  variants=[{"name": "x", "kind": "composed", "method": "ties"}]),
@@ -183,6 +183,15 @@ CASES = {
     "variant named as an expert": _r(r"variants: 'a' is also an expert's name", variants=[{"name": "a", "kind": "composed"}]),
     "sweep values that name one row": _r(r"variants: \[0\] \(ta\): sweep: lambda: values 0\.3 and 0\.30000000000000004 would both name the row "
                                          r"\[lambda=0\.3\]", variants=[{"name": "ta", "kind": "merged", "sweep": {"lambda": [0.3, 0.30000000000000004]}}]),
+    # issue 30.9: what `run` refused only after spending compute
+    "a 300-character expert name": _r(r"variants: the row a{40}\.\.\. has a 300-byte name; row names .* hold at most 200 bytes",
+                                      experts={"a" * 300: "x"}, variants=["experts"]),
+    "a swept name over the limit": _r(r"variants: the row v{40}\.\.\. has a 209-byte name",
+                                      variants=[{"name": "v" * 197, "kind": "composed", "sweep": {"lambda": [0.5]}}]),
+    "one adapter under two names": ((lambda c, tiny: ["validate", _recipe(c, tiny, experts={"a": str(tiny.adapters["a"]), "b": str(tiny.adapters["a"])})]),
+                                    r"experts: a and b are the same folder .*; list each expert once"),
+    "output is a file": ((lambda c, tiny: (c / "taken").write_text("x") and ["validate", _recipe(c, tiny, output="taken")]),
+                         r"output: .*taken is not a folder; choose an empty or new folder"),
     "arrow over experts of two ranks": _r(r"variants: arrow: peft's Arrow needs LoRA experts of one rank and one set of target modules; "
                                           r"a has r=2 on \('q_proj', 'v_proj'\), b r=4", variants=["arrow"]),
     "arrow over a full expert": ((lambda c, tiny: ["validate", _recipe(c, tiny, experts={"a": str(tiny.adapters["a"]), "f": str(tiny.full_expert)},
