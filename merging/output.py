@@ -1,15 +1,18 @@
 """The output folder of a recipe: where it may be, one run at a time, no leftovers.
 
-A run writes only inside `output:` (see `inside`), never deletes what it did not write,
-and refuses a place where its files would mix with the user's: a system root or the home folder,
-the recipe's own folder or one above it, a model folder, a folder holding a model or inside one,
-or a non-empty folder that is not an earlier output.
+A run writes only inside `output:` (see `inside`), never deletes what it did not write, holds the
+output's lock while it writes (`output_lock`), and refuses a place where its files would mix with
+the user's: a system root or the home folder, the recipe's own folder or one above it, a model
+folder, a folder holding a model or inside one, a file, or a non-empty folder that is not an
+earlier output.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +47,7 @@ def check_output(paths: ResolvedPaths) -> None:
         reason = "a model folder"
     elif out.exists() and not out.is_dir():
         reason = "not a folder"
-    elif out.is_dir() and any(out.iterdir()) and not (out / "recipe.yaml").is_file():
+    elif out.is_dir() and any(p.name != LOCK for p in out.iterdir()) and not (out / "recipe.yaml").is_file():
         reason = "a non-empty folder that no recipe run wrote"
     elif not os.access(_existing(out), os.W_OK | os.X_OK):
         reason = f"not writable here ({_existing(out)} is read-only for this user)"
@@ -79,43 +82,23 @@ def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> Non
 
 @contextmanager
 def output_lock(out: Path) -> Iterator[None]:
-    """Hold OUT/.logitcomp.lock for one run; a lock of a live process refuses, one of a dead process is taken
-    over. Leftovers of killed runs (`.*.partial-*` folders under OUT) are swept once the lock is held."""
+    """Hold an exclusive `flock` on OUT/.logitcomp.lock for one run. The kernel releases it when its holder
+    ends, however it ends (kill -9, a container's pid 1, a pid reused later): there is no stale lock to take
+    over, so no two runs can hold it at once. The file records the holder's pid and host, for the message
+    only, and stays (removing a locked file would let a third run lock a new one). Leftovers of killed runs
+    (`.*.partial-*` folders under OUT) are swept once the lock is held."""
     out.mkdir(parents=True, exist_ok=True)
-    lock = out / LOCK
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            pid = _pid(lock)
-            if pid is not None and _alive(pid):
-                raise RecipeError(f"output: {out} is being written by another run (pid {pid}); wait for it or choose another output") from None
-            lock.unlink(missing_ok=True)  # a killed run's lock
-    else:
-        raise RecipeError(f"output: cannot take the lock {lock}")
+    fd = os.open(out / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 256).decode(errors="replace").strip() or "unknown"
+            raise RecipeError(f"output: {out} is being written by another run ({holder}); wait for it or choose another output") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         for leftover in out.rglob(".*.partial-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         yield
     finally:
-        lock.unlink(missing_ok=True)
-
-
-def _pid(lock: Path) -> int | None:
-    try:
-        return int(lock.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        os.close(fd)  # releases the lock

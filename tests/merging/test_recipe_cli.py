@@ -115,19 +115,45 @@ def test_output_must_not_mix_with_the_users_files(tiny, tmp_path):
 
 
 def test_a_second_run_of_one_output_is_refused_and_leftovers_are_swept(tmp_path):
+    """The lock is a kernel lock (flock): held while its holder lives, whatever its file says (issue 30.2)."""
+    import fcntl
+
     from merging.output import LOCK, output_lock
 
     out = tmp_path / "out"
     out.mkdir()
-    (out / LOCK).write_text(str(os.getpid()))  # a live run holds it
-    with pytest.raises(RecipeError, match=r"being written by another run \(pid \d+\)"):
+    (out / LOCK).write_text("pid 4242 on elsewhere")
+    holder = os.open(out / LOCK, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # a live run holds it
+    with pytest.raises(RecipeError, match=r"being written by another run \(pid 4242 on elsewhere\)"):
         with output_lock(out):
             pass
-    (out / LOCK).write_text("999999999")  # the lock of a killed run
+    os.close(holder)  # the holder ends (as a killed process's lock is released by the kernel)
+    (out / LOCK).write_text("1")  # what a run killed inside a container (pid 1) leaves: refused forever before
     (out / "lm_eval" / ".a2b.partial-x1y2").mkdir(parents=True)
     with output_lock(out):
-        assert (out / LOCK).read_text() == str(os.getpid()) and not list(out.rglob(".*.partial-*"))
-    assert not (out / LOCK).exists() and (out / "lm_eval").is_dir()
+        assert (out / LOCK).read_text().startswith(f"pid {os.getpid()} on ") and not list(out.rglob(".*.partial-*"))
+    assert (out / "lm_eval").is_dir()
+    with output_lock(out):  # released at the end of the block
+        pass
+
+
+def test_runs_starting_together_on_a_stale_lock_hold_it_one_at_a_time(tmp_path):
+    """Issue 30.3: four processes released at once on a dead run's lock file; exactly one holds it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".logitcomp.lock").write_text("999999999")
+    go = tmp_path / "go"
+    code = ("import sys, time, pathlib\nfrom merging.output import output_lock\nfrom merging.errors import RecipeError\n"
+            "print('ready', flush=True)\ngo = pathlib.Path(sys.argv[1])\nwhile not go.exists(): time.sleep(0.001)\n"
+            "try:\n    with output_lock(pathlib.Path(sys.argv[2])):\n        print('held', flush=True); time.sleep(3)\n"
+            "except RecipeError:\n    print('refused', flush=True)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(go), str(out)], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready"
+    go.touch()
+    outcomes = sorted(proc.communicate(timeout=60)[0].strip() for proc in procs)
+    assert outcomes == ["held", "refused", "refused", "refused"], outcomes
 
 
 def test_runner_writes_only_inside_its_output(tmp_path):
