@@ -58,6 +58,7 @@ def _merge(args: argparse.Namespace) -> int:
     check_recorded_recipe(paths.output, recipe)
     check_output(paths)
     with output_lock(paths.output):
+        check_recorded_recipe(paths.output, recipe)  # again under the lock: another run may have written here since
         built = merge_recipe(p)
         atomic_write_bytes(paths.output / "recipe.yaml", recipe.to_yaml().encode())  # outputs carry their recipe
     for kind, path in built.items():

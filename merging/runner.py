@@ -92,6 +92,8 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     paths.fetch()
     barrier()  # every rank has checked the output folder before rank 0 writes into it
     with output_lock(out) if rank == 0 else contextlib.nullcontext():
+        if rank == 0:  # again under the lock: another recipe's run may have written here since the check above
+            check_recorded_recipe(out, recipe, force)
         results = _run(p, force, echo, rank)
     barrier()  # every rank leaves together, after rank 0 has written the reports
     return results

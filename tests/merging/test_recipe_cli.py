@@ -292,3 +292,24 @@ def test_a_corrupt_or_changed_row_record_is_run_again_and_dry_run_says_so(tiny, 
         runner.run_recipe(recipe, echo=lines.append)
         assert calls[before:] == ["a"] and any(line.startswith("variants/a.json: ") and re.search(why, line) for line in lines), lines
     assert json.loads((records / "a.json").read_text())["metrics"]  # rewritten whole by the last run
+
+
+def test_another_recipe_written_before_the_lock_is_caught_under_it(tiny, tmp_path, monkeypatch):
+    """Issue 30.4: the recorded-recipe check ran only before the lock (hub downloads in between), so two recipes
+    on one output could interleave; it runs again once the lock is held."""
+    import merging.runner as runner
+
+    path = write_recipe(tmp_path, tiny, variants=["base"])
+    recipe, paths = load_recipe(path)
+    other = recipe.model_copy(update={"name": "other"}).to_yaml()
+    real = runner.check_output
+
+    def another_run_writes_meanwhile(p):  # between the first check and the lock
+        p.output.mkdir(exist_ok=True)
+        (p.output / "recipe.yaml").write_text(other)
+        return real(p)
+
+    monkeypatch.setattr(runner, "check_output", another_run_writes_meanwhile)
+    with pytest.raises(RecipeError, match=r"holds results of a different recipe"):
+        runner.run_recipe(path, echo=lambda *_: None)
+    assert (paths.output / "recipe.yaml").read_text() == other and not (paths.output / "variants").exists()
