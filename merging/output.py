@@ -47,13 +47,20 @@ def check_output(paths: ResolvedPaths) -> None:
         reason = "a model folder"
     elif out.exists() and not out.is_dir():
         reason = "not a folder"
-    elif out.is_dir() and any(p.name != LOCK for p in out.iterdir()) and not (out / "recipe.yaml").is_file():
+    elif out.is_dir() and any(p.name != LOCK for p in out.iterdir()) and not ours(out):
         reason = "a non-empty folder that no recipe run wrote"
     elif not os.access(_existing(out), os.W_OK | os.X_OK):
         reason = f"not writable here ({_existing(out)} is read-only for this user)"
     else:
         return
     raise RecipeError(f"output: {out} is {reason}; choose an empty or new folder for the results")
+
+
+def ours(out: Path) -> bool:
+    """Whether `out` is an earlier output of a run: it holds the run lock's file (every run since the lock became
+    a flock leaves it), or a `variants/` folder beside its recipe.yaml (older runs). A user's folder that merely
+    holds a file named recipe.yaml is not ours: `--force` never writes into it."""
+    return (out / LOCK).is_file() or ((out / "recipe.yaml").is_file() and (out / "variants").is_dir())
 
 
 def _existing(path: Path) -> Path:

@@ -112,6 +112,14 @@ def test_output_must_not_mix_with_the_users_files(tiny, tmp_path):
         proc = cli("validate" if i % 2 else "run", write_recipe(tmp_path, tiny, output=output))
         _assert_clean_failure(proc, rf"output: .* is {reason}.*; choose an empty or new folder", tmp_path)
     assert (foreign / "notes.txt").read_text() == "mine"
+    # issue 30.5: a folder of the user's that holds a hand-written recipe.yaml is not an earlier output, even with --force
+    mine = tmp_path / "my_recipes"
+    mine.mkdir()
+    text = "# my recipe, with my comments\n" + write_recipe(tmp_path, tiny).read_text()
+    (mine / "recipe.yaml").write_text(text)
+    proc = cli("run", write_recipe(tmp_path, tiny, output=str(mine)), "--force")
+    _assert_clean_failure(proc, r"output: .*my_recipes is a non-empty folder that no recipe run wrote", tmp_path)
+    assert sorted(p.name for p in mine.iterdir()) == ["recipe.yaml"] and (mine / "recipe.yaml").read_text() == text
 
 
 def test_a_second_run_of_one_output_is_refused_and_leftovers_are_swept(tmp_path):
@@ -185,6 +193,7 @@ def test_output_of_another_recipe_is_refused_unless_forced(tiny, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "recipe.yaml").write_text("name: another\n")
+    (out / ".logitcomp.lock").write_text("pid 1 on elsewhere")  # what every run leaves: the folder is an earlier output
     proc = cli("run", recipe, "--dry-run")
     assert proc.returncode == 2 and "holds results of a different recipe" in proc.stderr
     assert (out / "recipe.yaml").read_text() == "name: another\n"
@@ -304,10 +313,11 @@ def test_another_recipe_written_before_the_lock_is_caught_under_it(tiny, tmp_pat
     other = recipe.model_copy(update={"name": "other"}).to_yaml()
     real = runner.check_output
 
-    def another_run_writes_meanwhile(p):  # between the first check and the lock
+    def another_run_writes_meanwhile(p):  # after the first checks, before the lock: another recipe's run writes
+        real(p)
         p.output.mkdir(exist_ok=True)
+        (p.output / ".logitcomp.lock").write_text("pid 7 on elsewhere")
         (p.output / "recipe.yaml").write_text(other)
-        return real(p)
 
     monkeypatch.setattr(runner, "check_output", another_run_writes_meanwhile)
     with pytest.raises(RecipeError, match=r"holds results of a different recipe"):
