@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
 import time
 from importlib.metadata import version
@@ -30,7 +31,7 @@ from .errors import RecipeError
 from .harness.distributed import barrier, broadcast, launched, world
 from .harness.evaluate import evaluate
 from .kinds import KINDS, Variant
-from .output import check_output, check_recorded_recipe, inside, output_lock
+from .output import check_output, check_recorded_recipe, inside, ours, output_lock
 from .plan import Plan, plan, prepare
 from .pool import ModelPool
 from .recipe import Recipe, ResolvedPaths
@@ -49,8 +50,13 @@ def input_state(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
 
 
 def _folder_state(folder: Path) -> dict:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    return {"path": str(folder), "files": {str(p.relative_to(folder)): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}}
+    """Every file's size and mtime under `folder`, leaving out `__pycache__` and the outputs of logitcomp runs that
+    lie inside it (a recipe's own output inside its `include_path` would otherwise change the state at every run)."""
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != "__pycache__" and not ours(Path(root) / d)]
+        files += [Path(root) / name for name in names]
+    return {"path": str(folder), "files": {str(p.relative_to(folder)): [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(files)}}
 
 
 def _changed(old: dict, new: dict) -> str:

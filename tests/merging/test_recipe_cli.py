@@ -323,3 +323,29 @@ def test_another_recipe_written_before_the_lock_is_caught_under_it(tiny, tmp_pat
     with pytest.raises(RecipeError, match=r"holds results of a different recipe"):
         runner.run_recipe(path, echo=lambda *_: None)
     assert (paths.output / "recipe.yaml").read_text() == other and not (paths.output / "variants").exists()
+
+
+def test_an_output_inside_the_include_path_does_not_make_every_row_run_again(tiny, tmp_path, monkeypatch):
+    """Issue 30.6: `include_path: .` with `output: runs/r1` (a common layout) re-ran every row at every run: the run's
+    own files changed the task folder's fingerprint."""
+    import shutil
+
+    import merging.runner as runner
+
+    calls = []
+    real = runner.evaluate_variant
+    monkeypatch.setattr(runner, "evaluate_variant", lambda v, *a: calls.append(v.name) or real(v, *a))
+    folder = tmp_path / "project"
+    folder.mkdir()
+    for name in ("toy_a2b_c2d.yaml", "a2b_c2d.jsonl", "utils.py"):
+        shutil.copy(TASKS / "toy" / name, folder / name)
+    recipe = {"name": "inside", "base": str(tiny.base), "experts": {"a": str(tiny.adapters["a"])}, "variants": ["base", "experts"],
+              "evaluate": {"tasks": ["toy_a2b_c2d"], "include_path": ".", "limit": 2, "batch_size": 2}, "output": "runs/r1"}
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    runner.run_recipe(path, echo=lambda *_: None)
+    runner.run_recipe(path, echo=lambda *_: None)
+    assert calls == ["base", "a"]  # the second run reused both rows
+    (folder / "a2b_c2d.jsonl").write_text((folder / "a2b_c2d.jsonl").read_text())  # a task file touched: both run again
+    runner.run_recipe(path, echo=lambda *_: None)
+    assert calls == ["base", "a"] * 2
