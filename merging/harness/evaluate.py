@@ -3,7 +3,9 @@ written atomically into the row's folder."""
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from pathlib import Path
 
 from logitcomp.io import atomic_dir
@@ -56,4 +58,33 @@ def evaluate(lm, spec, include_path: Path | None, out: Path) -> dict | None:
         tracker.save_results_aggregated(results=results, samples=samples)
         for task in results["configs"]:
             tracker.save_results_samples(task_name=task, samples=samples[task])
+        _check_written(tmp, out, {task: len(samples[task]) for task in results["configs"]})
     return {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}
+
+
+def _check_written(tmp: Path, out: Path, counts: dict[str, int]) -> None:
+    """lm-eval's EvaluationTracker only logs a warning when a write fails (a full disk leaves a results JSON cut
+    short and empty sample files): its files are read back before the row's folder replaces the previous one.
+    Raises OSError naming the file; the previous outputs are then kept whole."""
+    problems = []
+    results = sorted(tmp.rglob("results_*.json"))
+    if not results:
+        problems.append("no results_*.json")
+    for path in results:
+        try:
+            json.loads(path.read_bytes())
+        except ValueError:
+            problems.append(f"{path.name} is cut short ({path.stat().st_size} bytes)")
+    for task, count in counts.items():
+        files = sorted(tmp.rglob(f"samples_{task}_*.jsonl"))
+        lines = [line for path in files for line in path.read_bytes().splitlines()]
+        try:
+            complete = len(lines) == count and all(isinstance(json.loads(line), dict) for line in lines)
+        except ValueError:
+            complete = False
+        if not complete:
+            problems.append(f"samples of {task}: {len(lines)} of {count} records{' (none written)' if not files else ''}")
+    if problems:
+        free = shutil.disk_usage(tmp).free / 2**20
+        raise OSError(f"lm_eval/{out.name}: lm-eval did not write its outputs whole ({'; '.join(problems)}; {free:.0f} MiB free "
+                      "on that disk); the previous outputs are kept")

@@ -349,3 +349,29 @@ def test_an_output_inside_the_include_path_does_not_make_every_row_run_again(tin
     (folder / "a2b_c2d.jsonl").write_text((folder / "a2b_c2d.jsonl").read_text())  # a task file touched: both run again
     runner.run_recipe(path, echo=lambda *_: None)
     assert calls == ["base", "a"] * 2
+
+
+def test_outputs_lm_eval_could_not_write_whole_fail_the_row_and_keep_the_previous_ones(tiny, tmp_path, monkeypatch):
+    """Issue 30.1: lm-eval's tracker logs a warning on a failed write (a full disk) and goes on; a --force rerun then
+    exited 0 with a results JSON cut short and empty sample files, the previous good outputs deleted."""
+    from lm_eval.loggers import EvaluationTracker
+
+    import merging.runner as runner
+
+    path = write_recipe(tmp_path, tiny, variants=["base"])
+    runner.run_recipe(path, echo=lambda *_: None)
+    out = tmp_path / "out"
+    good = {p.relative_to(out): p.read_bytes() for p in (out / "lm_eval").rglob("*") if p.is_file()}
+    record = (out / "variants" / "base.json").read_bytes()
+
+    def full_disk(self, task_name, samples):  # what a failed write leaves: the file created, nothing in it
+        folder = Path(self.output_path) / "model"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"samples_{task_name}_x.jsonl").write_bytes(b"")
+
+    monkeypatch.setattr(EvaluationTracker, "save_results_samples", full_disk)
+    with pytest.raises(OSError, match=r"^lm_eval/base: lm-eval did not write its outputs whole \(samples of toy_a2b_c2d: 0 of 4 records; "
+                                      r"\d+ MiB free on that disk\); the previous outputs are kept$"):
+        runner.run_recipe(path, force=True, echo=lambda *_: None)
+    assert {p.relative_to(out): p.read_bytes() for p in (out / "lm_eval").rglob("*") if p.is_file()} == good
+    assert (out / "variants" / "base.json").read_bytes() == record and not list(out.rglob("*partial*"))
