@@ -16,6 +16,20 @@ MAX_WEIGHT = 1e6
 MIN_FLOOR = -1e9
 
 
+def check_floor(floor) -> float:
+    """Return `floor` as a float. Raises ValueError unless it is a number in [MIN_FLOOR, 0)."""
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not (MIN_FLOOR <= floor < 0):
+        raise ValueError(f"floor: expected a negative number >= -1e9, got {floor!r}")
+    return float(floor)
+
+
+def check_eos_policy(policy) -> str:
+    """Return `policy`. Raises ValueError unless it is one of EOS_POLICIES."""
+    if policy not in EOS_POLICIES:
+        raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {policy!r}")
+    return policy
+
+
 def check_weights(weights: Sequence[float], names: Sequence[str] | None = None) -> list[float]:
     """Return the weights as floats. Raises ValueError naming a weight that is not a finite number in
     [-MAX_WEIGHT, MAX_WEIGHT] (larger ones would overflow the composition to NaN)."""
@@ -63,10 +77,8 @@ class CompositionConfig:
         if not isinstance(self.weights, dict):
             raise ValueError(f"weights: expected a mapping of expert name to number, got {self.weights!r}")
         self.weights = dict(zip(self.weights, check_weights(list(self.weights.values()), list(self.weights))))
-        if isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not (MIN_FLOOR <= self.floor < 0):
-            raise ValueError(f"floor: expected a negative number >= -1e9, got {self.floor!r}")
-        if self.eos_policy not in EOS_POLICIES:
-            raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {self.eos_policy!r}")
+        check_floor(self.floor)
+        check_eos_policy(self.eos_policy)
         if not isinstance(self.masks, dict):
             raise ValueError(f"masks: expected a mapping of expert name to token ids, got {self.masks!r}")
         for name, ids in self.masks.items():

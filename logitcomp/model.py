@@ -140,7 +140,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             self.sources["base"] = str(Path(hf_model.config._name_or_path).resolve())
         self.generation_config = copy.deepcopy(hf_model.generation_config)
         self._lora = LoraStack(model, lora) if isinstance(model, PeftModel) else None
-        self._routing = False  # True while `generate` holds the routing for all its steps
+        self._routing = False  # True while a `generate` call or a chunked scoring holds the routing for all its forwards
         # a forward that scores every position of a sequence (lm-eval's loglikelihood, `labels`) runs in position
         # chunks whose k + 1 logits tensors hold at most this many elements (None: one forward, as many as it takes)
         self.scoring_budget: int | None = SCORING_BUDGET
@@ -264,7 +264,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             position_ids = _positions(attention_mask, past, length, input_ids.device).expand(batch, -1)
         groups = 1 + len(self.lora_experts)
         rep = lambda t: None if t is None else t.repeat(groups, 1)  # noqa: E731  (B, ·) -> (G·B, ·)
-        with nullcontext() if self._routing else self._routed(groups):  # a `generate` call enters it once for all its steps
+        with self._routed():
             out = self._hf_model(
                 input_ids=rep(input_ids),
                 attention_mask=rep(attention_mask),
@@ -303,18 +303,19 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         batch, length = input_ids.shape
         cache = ComposedCache(dict(self.full_experts))
         parts, traces, out = [], [], None
-        for start in range(0, length, chunk):
-            end = min(length, start + chunk)
-            step = self._step(input_ids[:, start:end], None if attention_mask is None else attention_mask[:, :end], cache,
-                              None if position_ids is None else position_ids[:, start:end], 0, output_trace)
-            if torch.is_grad_enabled() and step.logits.requires_grad:
-                parts.append(step.logits)  # autograd records no in-place write: concatenated below
-            else:
-                if out is None:
-                    out = step.logits.new_empty(batch, length, step.logits.shape[-1])  # (B, T, V)
-                out[:, start:end] = step.logits
-            if step.trace is not None:
-                traces.append(step.trace)
+        with self._routed():  # once for all the chunks
+            for start in range(0, length, chunk):
+                end = min(length, start + chunk)
+                step = self._step(input_ids[:, start:end], None if attention_mask is None else attention_mask[:, :end], cache,
+                                  None if position_ids is None else position_ids[:, start:end], 0, output_trace)
+                if torch.is_grad_enabled() and step.logits.requires_grad:
+                    parts.append(step.logits)  # autograd records no in-place write: concatenated below
+                else:
+                    if out is None:
+                        out = step.logits.new_empty(batch, length, step.logits.shape[-1])  # (B, T, V)
+                    out[:, start:end] = step.logits
+                if step.trace is not None:
+                    traces.append(step.trace)
         logits = out if out is not None else torch.cat(parts, dim=1)
         trace = None
         if traces:
@@ -367,20 +368,25 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         for key in ("assistant_model", "prompt_lookup_num_tokens"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"{key}: assisted decoding is not supported by composed models")
-        with self._routed(1 + len(self.lora_experts)):
-            self._routing = True
-            try:
-                return super().generate(*args, **kwargs)
-            finally:
-                self._routing = False
+        with self._routed():  # once for all the steps
+            return super().generate(*args, **kwargs)
 
     @contextmanager
-    def _routed(self, groups: int):
-        """Grouped-LoRA routing of `groups` row blocks, over stacked factors checked against the live adapters once,
-        on entry: inside one forward, or one `generate` call (its steps cannot change the weights)."""
+    def _routed(self):
+        """Grouped-LoRA routing of the 1 + m row blocks (and the decoding layout of the head), over stacked factors
+        checked against the live adapters once, on entry: around one forward, one `generate` call or one chunked
+        scoring (their forwards cannot change the weights). Inside an outer one, it adds nothing."""
+        if self._routing:
+            yield
+            return
+        groups = 1 + len(self.lora_experts)
         with self._lora.frozen() if self._lora else nullcontext(), grouped_lora(self._lora.layers() if self._lora else [], groups), \
                 fast_head(self._hf_model):
-            yield
+            self._routing = True
+            try:
+                yield
+            finally:
+                self._routing = False
 
     # ---- persistence (logitcomp/persistence.py) -----------------------------------------------
     def save_pretrained(self, save_directory, **kwargs) -> Path:

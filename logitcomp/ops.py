@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import DEFAULT_FLOOR, EOS_POLICIES, MIN_FLOOR, check_weights
+from .config import DEFAULT_FLOOR, EOS_POLICIES, check_eos_policy, check_floor, check_weights  # noqa: F401  (EOS_POLICIES: re-exported)
 from .rules import RULES, get_rule
 
 
@@ -46,13 +46,9 @@ class Composer:
             ValueError: naming the bad weight, floor, rule, parameter or policy.
         """
         weights = tuple(check_weights(list(weights)))
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not MIN_FLOOR <= floor < 0:
-            raise ValueError(f"floor: expected a negative number >= -1e9, got {floor!r}")
         spec = get_rule(rule)
-        if eos_policy not in EOS_POLICIES:
-            raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {eos_policy!r}")
-        return cls(weights, float(floor), spec.bind(spec.check(dict(rule_params or {}))), spec is RULES["product"] and not masked,
-                   EOS_PICKS[eos_policy])
+        return cls(weights, check_floor(floor), spec.bind(spec.check(dict(rule_params or {}))), spec is RULES["product"] and not masked,
+                   EOS_PICKS[check_eos_policy(eos_policy)])
 
     def __call__(self, base: torch.Tensor, experts: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None] | None = None,
                  eos_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -159,8 +155,7 @@ def apply_eos_policy(
     Returns:
         fp32 log-probs (..., V), normalised.
     """
-    if policy not in EOS_POLICIES:
-        raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {policy!r}")
+    check_eos_policy(policy)
     ids = torch.as_tensor(eos_ids, dtype=torch.long, device=composed.device).flatten()  # (E,); no copy when already there
     if EOS_PICKS[policy] is None or ids.numel() == 0:
         return composed

@@ -17,9 +17,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from logitcomp.config import CompositionConfig
 from logitcomp.inputs import check_name
 
-from .errors import RecipeError
+from .errors import RecipeError, not_a_number
 from .kinds import KINDS
-from .kinds.composed import COMPOSE_KEYS, composition_config, not_a_number
+from .kinds.composed import COMPOSE_KEYS, composition_config
 from .kinds.kind import Options
 
 

@@ -36,7 +36,6 @@ row per setup, decoding through a static cache and the compiled step (`generate(
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sys
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from bench_child import run_setups
+from bench_child import emit, run_setups
 
 SETUPS = ("single", "composed", "peft", "naive")
 
@@ -286,7 +285,7 @@ def child(args) -> None:
         result["first_call_s"] = first_call
     if args.child.startswith("composed") and not args.child.endswith("+compile"):
         result["compose_s"] = composition_seconds(args, args.child.partition("@")[2] or "product")
-    print("RESULT " + json.dumps(result), flush=True)
+    emit(result)
 
 
 def main(argv=None) -> None:

@@ -22,13 +22,12 @@ ratio to single's.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from bench_child import run_setups
+from bench_child import emit, run_setups
 
 # name -> (transformers config class, its arguments): the real models' shapes, random weights
 SHAPES = {
@@ -154,7 +153,7 @@ def child(args) -> None:
     held = reset_peak(args.device)
     loglikelihood(model, ids)
     result["loglikelihood_bytes"] = peak(args.device) - held
-    print("RESULT " + json.dumps(result), flush=True)
+    emit(result)
 
 
 def main(argv=None) -> None:

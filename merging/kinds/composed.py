@@ -15,19 +15,11 @@ from pydantic import Field
 from logitcomp.config import CompositionConfig
 from logitcomp.rules import get_rule
 
+from ..errors import not_a_number
 from .kind import SWEEP_KEY, Kind, Options, Variant
 
 # `compose:` holds CompositionConfig's options; weights live with each expert, tracing is for `generate --trace`
 COMPOSE_KEYS = tuple(f.name for f in fields(CompositionConfig) if f.name not in ("weights", "trace"))
-
-
-def not_a_number(value) -> str:
-    """The message for a value that should be a number; YAML 1.1 reads `1.0e38` (no sign after e) as text."""
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return f"expected a number, got {value!r}"
-    return f"expected a number, got the text {value!r} (YAML reads an exponent without a sign as text: write 1.0e+38)"
 
 
 def composition_config(compose: dict, weights: dict | None = None) -> CompositionConfig:
