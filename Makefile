@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TOY_DIR ?= toy_world
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup test test-fast demo toy-seeds toy-gpt2 smol gemma clean
+.PHONY: setup test test-fast demo toy-seeds toy-gpt2 smol gemma smol-two-skill gemma-two-skill clean
 
 setup: $(STAMP)
 
@@ -57,6 +57,19 @@ gemma: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts math,code,shout
 	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/gemma3-math-code.yaml
+
+# Two skills in one answer (docs/two-skill.md): the math expert, the json and xml format experts and
+# the two multitask LoRAs, then recipes/smol-two-skill.yaml (gemma: recipes/gemma3-two-skill.yaml).
+TWO_SKILL_EXPERTS := math,json,xml,mt_math_json,mt_math_xml
+smol-two-skill: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts $(TWO_SKILL_EXPERTS)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill.yaml
+
+gemma-two-skill: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
+	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill.yaml
 
 clean:
 	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world gemma_world .pytest_cache

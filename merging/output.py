@@ -71,20 +71,25 @@ def _existing(path: Path) -> Path:
 
 
 def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> None:
-    """Refuse an output folder that holds another recipe's results (unless `force`). The selection
-    (`evaluate.select_on`) may change: it picks among finished results and changes none of them."""
+    """Refuse an output folder that holds another recipe's results (unless `force`). The selections
+    (`evaluate.select_on`, a row's `select_on`) may change: it picks among finished results and changes none of them."""
     recorded = out / "recipe.yaml"
     if not recorded.exists() or force:
         return
     try:
-        before = yaml.safe_load(recorded.read_text())
-        before["evaluate"]["select_on"] = None
-    except (yaml.YAMLError, TypeError, KeyError):
+        before = _without_selection(yaml.safe_load(recorded.read_text()))
+    except (yaml.YAMLError, TypeError, KeyError, AttributeError):
         before = None  # not a recipe this version wrote
-    now = recipe.model_dump(mode="json")
-    now["evaluate"]["select_on"] = None
-    if before != now:
+    if before != _without_selection(recipe.model_dump(mode="json")):
         raise RecipeError(f"output: {out} holds results of a different recipe; choose another output or pass --force")
+
+
+def _without_selection(dumped: dict) -> dict:
+    """A dumped recipe without its selections (evaluate.select_on and each row's select_on)."""
+    dumped["evaluate"]["select_on"] = None
+    dumped["variants"] = [{k: v for k, v in row.items() if k != "select_on"} if isinstance(row, dict) else row
+                          for row in dumped.get("variants", [])]
+    return dumped
 
 
 @contextmanager

@@ -125,7 +125,9 @@ class VariantSpec(BaseModel):
 
     `kind` is a name of `merging.kinds.KINDS` that takes named rows; the other keys are that kind's
     options (its module says which). `sweep: {PARAM: [v1, v2, ...]}` expands the row into one per
-    value; PARAM is `lambda` (every expert's weight times λ) or a parameter the kind sweeps.
+    value; PARAM is `lambda` (every expert's weight times λ) or a parameter the kind sweeps. A row of a
+    kind that combines experts may name the ones it combines (`experts: [math, shout]`; default: all),
+    and a swept row may choose its value on its own validation task (`select_on:`, as evaluate.select_on).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -133,6 +135,8 @@ class VariantSpec(BaseModel):
     kind: str
     options: Options = Options()
     sweep: dict[str, list[float]] | None = None
+    experts: list[str] | None = None
+    select_on: SelectSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -148,12 +152,13 @@ class VariantSpec(BaseModel):
         if kind is None or kind.options is None:
             raise ValueError(f"kind: expected one of {', '.join(_named_kinds())}, got {data['kind']!r}")
         data = kind.normalise(dict(data))
-        allowed = ("name", "kind", "sweep", *kind.options.model_fields)
+        common = ("name", "kind", "sweep", "select_on", *(("experts",) if kind.combines else ()))
+        allowed = (*common, *kind.options.model_fields)
         unknown = [k for k in data if k not in allowed]
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r} for a {kind.name} variant; allowed keys: {', '.join(allowed)}")
-        own = {k: v for k, v in data.items() if k not in ("name", "kind", "sweep")}
-        return {k: v for k, v in data.items() if k in ("name", "kind", "sweep")} | {"options": kind.options.model_validate(own)}
+        own = {k: v for k, v in data.items() if k not in common}
+        return {k: v for k, v in data.items() if k in common} | {"options": kind.options.model_validate(own)}
 
     @field_validator("name")
     @classmethod
@@ -184,17 +189,28 @@ class VariantSpec(BaseModel):
                              "give values that differ in their first 6 significant digits")
         return {key: values}
 
+    @field_validator("experts")
+    @classmethod
+    def _experts(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("experts: expected a non-empty list of the recipe's expert names (or no `experts:` for all)")
+        return value if value is None else _unique("expert", value)
+
     @model_validator(mode="after")
     def _sweep_of_its_kind(self):
         problem = KINDS[self.kind].check_sweep(next(iter(self.sweep))) if self.sweep else None
         if problem:
             raise ValueError(problem)
+        if self.select_on and not self.sweep:
+            raise ValueError("select_on: only a swept row chooses a value; this row has no sweep")
         return self
 
     def dump(self) -> dict:
         """The mapping a recipe file holds for this row (its options flat, defaults left out)."""
         options = self.options.model_dump(mode="json", exclude_defaults=True)
-        return {"name": self.name, "kind": self.kind, **options, **({"sweep": self.sweep} if self.sweep else {})}
+        own = {"experts": self.experts} if self.experts else {}
+        own |= {"select_on": self.select_on.model_dump(mode="json")} if self.select_on else {}
+        return {"name": self.name, "kind": self.kind, **options, **({"sweep": self.sweep} if self.sweep else {}), **own}
 
     @classmethod
     def shorthand(cls, kind: str) -> VariantSpec:
@@ -269,8 +285,16 @@ class Recipe(_Strict):
             if problem:
                 raise ValueError(problem)
         for spec in self.variants:
-            if not isinstance(spec, str) and spec.name in self.experts:
+            if isinstance(spec, str):
+                continue
+            if spec.name in self.experts:
                 raise ValueError(f"variants: {spec.name!r} is also an expert's name (the experts variant gives each expert a row)")
+            unknown = [n for n in spec.experts or [] if n not in self.experts]
+            if unknown:
+                raise ValueError(f"variants: {spec.name}: experts: {unknown[0]!r} is not an expert of the recipe ({', '.join(self.experts)})")
+            if spec.select_on and spec.select_on.task not in self.evaluate.tasks:
+                raise ValueError(f"variants: {spec.name}: select_on.task: {spec.select_on.task!r} is not one of evaluate.tasks "
+                                 f"({', '.join(self.evaluate.tasks)})")
         select = self.evaluate.select_on
         if select and select.task not in self.evaluate.tasks:
             raise ValueError(f"evaluate.select_on.task: {select.task!r} is not one of evaluate.tasks ({', '.join(self.evaluate.tasks)})")

@@ -55,14 +55,16 @@ def markdown_table(results: dict[str, dict[str, dict]], tasks: list[str], rows: 
     return "\n".join(lines) + "\n"
 
 
-def main_table(results: dict, tasks: list[str], variants: list[Variant], select_on: SelectSpec | None, chosen: dict) -> str:
+def main_table(results: dict, tasks: list[str], variants: list[Variant], chosen: dict) -> str:
     """The table a reader reads first: each swept family at its `chosen` value (`sweeps.select`), the
-    validation task left out (with no swept family, or no `select_on`, every row and task)."""
+    validation tasks that chose left out (with no family chosen, every row and task)."""
     if not chosen:
         return markdown_table(results, tasks)
-    table = markdown_table(results, [t for t in tasks if t != select_on.task], main_rows(variants, chosen))
-    picks = "; ".join(f"{f}: {c['parameter']}={c['value']:g} ({select_on.metric} {c['score']:.3f})" for f, c in chosen.items())
-    return f"{table}\nChosen on {select_on.task}: {picks}\n"
+    validation = {c["on"]["task"] for c in chosen.values()}
+    table = markdown_table(results, [t for t in tasks if t not in validation], main_rows(variants, chosen))
+    picks = "; ".join(f"{f}: {c['parameter']}={c['value']:g} ({c['on']['task']} {c['on']['metric']} {c['score']:.3f})"
+                      for f, c in chosen.items())
+    return f"{table}\nChosen on validation: {picks}\n"
 
 
 def write_reports(out: Path, recipe_name: str, results: dict, tasks: list[str], meta: dict, variants: list[Variant],
@@ -70,14 +72,15 @@ def write_reports(out: Path, recipe_name: str, results: dict, tasks: list[str], 
     """Write results.json, report.md, report.png and the sweep figures into `out`, each atomically.
     Returns the main table (what the run prints)."""
     chosen = select(results, variants, select_on)
-    table = main_table(results, tasks, variants, select_on, chosen)
-    selection = {"selection": {"on": select_on.model_dump(), "chosen": chosen}} if chosen else {}
+    table = main_table(results, tasks, variants, chosen)
+    selection = {"selection": {"on": select_on.model_dump() if select_on else None, "chosen": chosen}} if chosen else {}
     atomic_write_bytes(out / "results.json", (json.dumps({**meta, **selection, "results": results}, indent=2) + "\n").encode())
     note = "Cells: lm-eval's metric ± its stderr (where lm-eval gives one); the plot shows the metrics that lie in [0, 1]."
     text = f"# {recipe_name}\n\n{note}\n\n{table}"
     if chosen:
-        text += f"\n## Every configuration (the swept values too; {select_on.task} chose among them)\n\n{markdown_table(results, tasks)}"
-    elif families(variants):
+        on = ", ".join(sorted({c["on"]["task"] for c in chosen.values()}))
+        text += f"\n## Every configuration (the swept values too; {on} chose among them)\n\n{markdown_table(results, tasks)}"
+    if set(families(variants)) - set(chosen):
         text += "\nNo `evaluate.select_on`: every swept value is shown; name a validation task to choose one.\n"
     atomic_write_bytes(out / "report.md", text.encode())
     main = {v: results[v] for v in main_rows(variants, chosen)}

@@ -32,30 +32,25 @@ def selection_score(metrics: dict[str, dict], select_on: SelectSpec) -> float:
 
 
 def select(results: dict[str, dict], variants: list[Variant], select_on: SelectSpec | None) -> dict[str, dict]:
-    """Family -> the chosen row: the best validation score (ties: the first value listed).
-    Empty without `select_on`: the test scores of every value are then all there is."""
-    if select_on is None:
-        return {}
+    """Family -> the chosen row: the best score on the family's own `select_on`, else the recipe's
+    (ties: the first value listed). A family with neither is not chosen: every value is then shown."""
     chosen = {}
     for family, rows in families(variants).items():
-        scores = [selection_score(results[r.name], select_on) for r in rows]
-        sign = 1 if select_on.higher_is_better else -1
+        on = rows[0].select_on or select_on
+        if on is None:
+            continue
+        scores = [selection_score(results[r.name], on) for r in rows]
+        sign = 1 if on.higher_is_better else -1
         best = max(range(len(rows)), key=lambda i: (sign * scores[i], -i))
         parameter, value = rows[best].swept
         chosen[family] = {"variant": rows[best].name, "parameter": parameter, "value": value, "score": scores[best],
-                          "scores": {str(r.swept[1]): s for r, s in zip(rows, scores)}}
+                          "scores": {str(r.swept[1]): s for r, s in zip(rows, scores)}, "on": on.model_dump()}
     return chosen
 
 
 def main_rows(variants: list[Variant], chosen: dict[str, dict]) -> list[str]:
-    """Unswept rows, and each family's chosen row in place of the family (every row without a selection)."""
-    rows = []
-    for v in variants:
-        if not v.family or not chosen:
-            rows.append(v.name)
-        elif v.name == chosen[v.family]["variant"]:
-            rows.append(v.name)
-    return rows
+    """Unswept rows, and each chosen family's chosen row in place of the family (a family not chosen: every row)."""
+    return [v.name for v in variants if not v.family or v.family not in chosen or v.name == chosen[v.family]["variant"]]
 
 
 def sweep_figures(results: dict[str, dict], variants: list[Variant], columns: list[tuple[str, str, str]],

@@ -49,7 +49,7 @@ CASES = {"math+code": (("math", "code"), ["smol_math", "smol_code"]),
          "math+code+shout": (("math", "code", "shout"), ["smol_math", "smol_code", "smol_math_shout", "smol_shout", "smol_text"])}
 VALIDATION = ["smol_math_val", "smol_code_val", "smol_math_shout_val"]
 METRIC = {"smol_math": "exact_match,strict-match", "smol_code": "pass@1,none", "smol_math_shout": "exact_match,none",
-          "smol_shout": "exact_match,stripped", "smol_text": "bits_per_byte,none"}
+          "smol_shout": "styled,none", "smol_text": "bits_per_byte,none"}
 
 
 def evaluate(model, tok, tasks: list[str], manager: TaskManager, limit: int | None) -> dict[str, float]:

@@ -32,6 +32,7 @@ class ArrowOptions(Options):
 class ArrowKind(Kind):
     name = "arrow"
     options = ArrowOptions
+    combines = True
 
     def check_sweep(self, key: str) -> str | None:
         return None if key in SWEEPS else f"sweep: an arrow variant sweeps {' or '.join(SWEEPS)}, got {key!r}"
@@ -43,7 +44,7 @@ class ArrowKind(Kind):
             if (key == "top_k" and value != int(value)) or value <= 0:
                 raise ValueError(f"sweep: {key} takes {'whole numbers >= 1' if key == 'top_k' else 'numbers > 0'}, got {value:g}")
             parameters[key] = int(value) if key == "top_k" else value
-        experts = len(recipe.experts)
+        experts = len(row.experts)
         if parameters["top_k"] is None:
             parameters["top_k"] = min(3, experts)
         if parameters["top_k"] > experts:
@@ -52,7 +53,7 @@ class ArrowKind(Kind):
 
     def check(self, rows: list[Variant], recipe, paths) -> None:
         seen = {}
-        for name, path in paths.experts.items():
+        for name, path in ((n, paths.experts[n]) for n in dict.fromkeys(n for row in rows for n in row.experts)):
             if isinstance(path, str):
                 continue  # a hub reference, checked by peft once fetched
             if expert_kind(name, path) != "lora":
@@ -71,5 +72,5 @@ class ArrowKind(Kind):
         from peft import ArrowConfig, create_arrow_model
 
         config = ArrowConfig(**row.parameters)
-        paths = [str(pool.paths.experts[n]) for n in pool.paths.experts]
+        paths = [str(pool.paths.experts[n]) for n in row.experts]
         yield create_arrow_model(pool.load("base", pool.paths.base), paths, config).eval()

@@ -40,6 +40,7 @@ class ComposedKind(Kind):
     name = "composed"
     options = ComposedOptions
     default = True
+    combines = True
 
     def normalise(self, data: dict) -> dict:
         flat = {k: v for k, v in data.items() if k in COMPOSE_KEYS}
@@ -65,6 +66,6 @@ class ComposedKind(Kind):
         from logitcomp import ComposedModelForCausalLM
 
         peft = pool.peft()
-        full = {n: pool.full_expert(n) for n in pool.paths.experts if n not in pool.lora}
+        full = {n: pool.full_expert(n) for n in row.experts if n not in pool.lora}
         sources = {"base": str(pool.paths.base), "full": {n: str(pool.paths.experts[n]) for n in full}}
-        yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(pool.paths.experts), full, row.config, sources)
+        yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(row.experts), full, row.config, sources)

@@ -30,6 +30,8 @@ class Variant:
     method: str | None = None  # merged: mergekit's method
     parameters: dict = field(default_factory=dict)  # the kind's own parameters (merged: the method's)
     weights: dict = field(default_factory=dict)  # expert -> weight, for kinds that combine experts
+    experts: tuple[str, ...] = ()  # the experts a combining row is made from (its `experts:`, else every expert)
+    select_on: Any = None  # a swept row's own SelectSpec (None: the recipe's evaluate.select_on)
 
 
 class Options(BaseModel):
@@ -47,12 +49,14 @@ class Kind:
         options: the pydantic model of a named row's own options; None: the kind has no named rows.
         default: listed in a recipe that names no `variants:`.
         merges: builds a model folder from the experts (`logitcomp merge` builds these rows).
+        combines: made from several experts; a named row may name a subset (`experts: [a, b]`).
     """
 
     name: str = ""
     options: type[Options] | None = None
     default: bool = False
     merges: bool = False
+    combines: bool = False
 
     # ---- recipe -------------------------------------------------------------------------------
     def normalise(self, data: dict) -> dict:
@@ -72,15 +76,16 @@ class Kind:
     def rows(self, spec, recipe) -> list[Variant]:
         """The rows of one `variants:` item (spec: a VariantSpec): one per swept value, each named
         `NAME[PARAM=VALUE]` and tagged with its family. Raises ValueError naming what does not hold."""
-        base_weights = {n: e.weight for n, e in recipe.experts.items()}
+        names = tuple(spec.experts or recipe.experts)
+        base_weights = {n: recipe.experts[n].weight for n in names}
         if not spec.sweep:
-            return [self.row(Variant(spec.name, self.name, weights=base_weights), spec, recipe)]
+            return [self.row(Variant(spec.name, self.name, weights=base_weights, experts=names), spec, recipe)]
         (key, values), = spec.sweep.items()
         rows = []
         for value in values:
             scale = value if key == SWEEP_KEY else 1.0
             row = Variant(f"{spec.name}[{key}={value:g}]", self.name, spec.name, (key, value),
-                          weights={n: w * scale for n, w in base_weights.items()})
+                          weights={n: w * scale for n, w in base_weights.items()}, experts=names, select_on=spec.select_on)
             rows.append(self.row(row, spec, recipe))
         return rows
 
@@ -94,7 +99,7 @@ class Kind:
 
     def inputs(self, row: Variant, recipe) -> list[str]:
         """The experts whose folders the row's model is made from (the base always is)."""
-        return list(recipe.experts)
+        return list(row.experts or recipe.experts)
 
     # ---- models -------------------------------------------------------------------------------
     def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:

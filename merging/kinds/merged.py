@@ -24,13 +24,14 @@ class MergedKind(Kind):
     options = MergedOptions
     default = True
     merges = True
+    combines = True
 
     def row(self, row: Variant, spec, recipe) -> Variant:
         own = spec.options
         parameters = dict(recipe.merge.parameters if own.parameters is None else own.parameters)
         if row.swept:  # check() refuses a method without this parameter
             parameters[row.swept[0]] = row.swept[1]
-        weights = {n: e.weight for n, e in recipe.experts.items()}  # a swept λ is mergekit's, not a scale of the weights
+        weights = {n: recipe.experts[n].weight for n in row.experts}  # a swept λ is mergekit's, not a scale of the weights
         return replace(row, method=own.method or recipe.merge.method, parameters=parameters, weights=weights)
 
     def check(self, rows: list[Variant], recipe, paths) -> None:
@@ -52,7 +53,8 @@ class MergedKind(Kind):
     def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:
         import bridge
 
-        return bridge.task_arithmetic(paths.base, paths.experts, paths.output / "models" / row.name, row.weights, row.method,
+        experts = {n: paths.experts[n] for n in row.experts}
+        return bridge.task_arithmetic(paths.base, experts, paths.output / "models" / row.name, row.weights, row.method,
                                       row.parameters, device=recipe.evaluate.device, lora_cache=lora_cache,
                                       options=recipe.merge.options.model_dump())
 

@@ -14,6 +14,7 @@ class MergedLoraKind(Kind):
     options = Options
     default = True
     merges = True
+    combines = True
 
     def unavailable(self, recipe) -> str | None:
         return None if recipe.merge.lora else "variants: merged_lora needs merge.lora: true"
@@ -24,7 +25,8 @@ class MergedLoraKind(Kind):
     def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:
         import bridge
 
-        return bridge.merge_as_lora(paths.base, paths.experts, paths.output / "models" / row.name, row.weights)
+        experts = {n: paths.experts[n] for n in row.experts}
+        return bridge.merge_as_lora(paths.base, experts, paths.output / "models" / row.name, row.weights)
 
     @contextmanager
     def model(self, row: Variant, pool):

@@ -82,6 +82,43 @@ def test_selection_is_the_validation_argmax_and_reports_that_values_test_score()
         select(results, rows, SelectSpec(task="val", metric="accuracy"))
 
 
+def test_a_row_may_combine_some_experts_and_choose_on_its_own_validation_task():
+    from merging.kinds import KINDS
+
+    rows = _rows(["base", "experts",
+                  {"name": "ca", "kind": "composed", "experts": ["a"], "sweep": {"lambda": [1.0, 2.0]},
+                   "select_on": {"task": "test", "metric": "exact_match"}},
+                  {"name": "ta", "kind": "merged", "experts": ["b", "a"], "sweep": {"lambda": [0.5, 1.0]}},
+                  {"name": "arr", "kind": "arrow", "experts": ["b"], "top_k": 1}])
+    by_name = {v.name: v for v in rows}
+    assert by_name["ca[lambda=2]"].experts == ("a",) and by_name["ca[lambda=2]"].config.weights == {"a": 4.0}
+    assert by_name["ta[lambda=1]"].experts == ("b", "a") and by_name["ta[lambda=1]"].weights == {"b": 1.0, "a": 2.0}
+    assert by_name["arr"].experts == ("b",) and by_name["arr"].parameters["top_k"] == 1
+    assert KINDS["composed"].inputs(by_name["ca[lambda=1]"], _recipe()) == ["a"]  # what the row is made from
+    val = {"ca[lambda=1]": 0.1, "ca[lambda=2]": 0.2, "ta[lambda=0.5]": 0.9, "ta[lambda=1]": 0.3}
+    test = {"ca[lambda=1]": 0.8, "ca[lambda=2]": 0.7, "ta[lambda=0.5]": 0.0, "ta[lambda=1]": 0.0}
+    results = {n: {"val": {"exact_match,none": val[n]}, "test": {"exact_match,none": test[n]}} for n in val}
+    chosen = select(results, rows, SelectSpec(task="val", metric="exact_match"))
+    # ca on its own task, ta on the recipe's
+    assert {f: (c["variant"], c["on"]["task"]) for f, c in chosen.items()} == {"ca": ("ca[lambda=1]", "test"), "ta": ("ta[lambda=0.5]", "val")}
+    assert {f: c["variant"] for f, c in select(results, rows, None).items()} == {"ca": "ca[lambda=1]"}
+    assert main_rows(rows, {"ca": chosen["ca"]}) == ["base", "a", "b", "ca[lambda=1]", "ta[lambda=0.5]", "ta[lambda=1]", "arr"]
+    recipe = _recipe(variants=[{"name": "ca", "kind": "composed", "experts": ["a"], "sweep": {"lambda": [1.0]},
+                                "select_on": {"task": "val", "metric": "exact_match"}}])
+    assert Recipe.model_validate(yaml.safe_load(recipe.to_yaml())) == recipe  # the recorded recipe round-trips
+    refused = {
+        r"experts: 'z' is not an expert of the recipe": {"name": "c", "kind": "composed", "experts": ["a", "z"]},
+        r"experts: expected a non-empty list": {"name": "c", "kind": "composed", "experts": []},
+        r"expert 'a' is listed twice": {"name": "c", "kind": "composed", "experts": ["a", "a"]},
+        r"select_on: only a swept row chooses": {"name": "c", "kind": "composed", "select_on": {"task": "val", "metric": "m"}},
+        r"select_on.task: 'nope' is not one of evaluate.tasks": {"name": "c", "kind": "composed", "sweep": {"lambda": [1.0]},
+                                                                "select_on": {"task": "nope", "metric": "m"}},
+    }
+    for message, spec in refused.items():
+        with pytest.raises(ValueError, match=message):
+            _recipe(variants=[spec])
+
+
 def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_models(tiny, tmp_path, monkeypatch):
     """Every row comes from one base loaded once (LoRA rows as adapters of one PeftModel); its numbers
     equal those of each model loaded on its own, and λ means what the recipe says for each kind."""
@@ -105,13 +142,14 @@ def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_mode
                            "select_on": {"task": "smol_text", "metric": "bits_per_byte", "higher_is_better": False}},
               "variants": ["base", "experts", {"name": "w", "kind": "composed", "sweep": {"lambda": [0.5, 1.0, 1.5]}},
                            {"name": "ta", "kind": "merged", "sweep": {"lambda": [0.5, 1.0]}},
-                           {"name": "lora", "kind": "merged_lora", "sweep": {"lambda": [0.5]}}],
+                           {"name": "lora", "kind": "merged_lora", "sweep": {"lambda": [0.5]}},
+                           {"name": "ca", "kind": "composed", "experts": ["a"]}, {"name": "tb", "kind": "merged", "experts": ["b"]}],
               "output": "out"}
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     results = run_recipe(path, echo=lambda *_: None)
-    assert len(results) == 9 and loads == ["base", "ta[lambda=0.5]", "ta[lambda=1]"]  # the base once; each mergekit merge once
-    assert planned == ["base", "experts", "w", "ta", "lora"]  # the recipe planned once
+    assert len(results) == 11 and loads == ["base", "ta[lambda=0.5]", "ta[lambda=1]", "tb"]  # the base once; each mergekit merge once
+    assert planned == ["base", "experts", "w", "ta", "lora", "ca", "tb"]  # the recipe planned once
     monkeypatch.undo()
     out = tmp_path / "out"
     bpb = {name: r["smol_text"]["bits_per_byte,none"] for name, r in results.items()}
@@ -129,10 +167,15 @@ def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_mode
             bridge.task_arithmetic(tiny.base, experts, tmp_path / "ref_ta", {"a": 0.5, "b": 0.5})), tok),
         "lora[lambda=0.5]": bits_per_byte(AutoModelForCausalLM.from_pretrained(
             bridge.task_arithmetic(tiny.base, experts, tmp_path / "ref_ta", {"a": 0.5, "b": 0.5})), tok),
+        # rows of some experts: the composition and the merge of those alone
+        "ca": bits_per_byte(ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"]}), tok),
+        "tb": bits_per_byte(AutoModelForCausalLM.from_pretrained(
+            bridge.task_arithmetic(tiny.base, {"b": tiny.adapters["b"]}, tmp_path / "ref_tb", {"b": 1.0})), tok),
     }
     for name, expected in reference.items():
         assert math.isclose(bpb[name], expected, rel_tol=1e-5), (name, bpb[name], expected)
     assert bpb["w[lambda=0.5]"] != bpb["w[lambda=1.5]"]  # the sweep changes the model
+    assert bpb["ca"] != bpb["w[lambda=1]"] and bpb["tb"] != bpb["ta[lambda=1]"]  # a subset is another model
 
     saved = json.loads((out / "results.json").read_text())["selection"]
     best = {f: min((n for n in bpb if n.startswith(f + "[")), key=lambda n: (bpb[n], list(bpb).index(n))) for f in ("w", "ta", "lora")}

@@ -40,17 +40,65 @@ def test_train_and_test_are_disjoint_and_answers_are_right():
     assert [d["answer"] for d in data["math_shout"]] == [d["answer"].upper() for d in data["math"]]
 
 
-def test_math_shout_scoring_needs_the_number_and_capitals():
+def _utils():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("smol_utils", TASKS / "utils.py")
     utils = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(utils)
+    return utils
+
+
+def test_math_shout_scoring_needs_the_number_and_capitals():
+    utils = _utils()
     doc = {"number": "12"}
     cases = {" 3 * 4 = 12 DESKS. #### 12": (1, 1, 1), " 3 * 4 = 12 desks. #### 12": (0, 1, 0), " 3 * 4 = 12. #### 12": (0, 1, 0),
-             " 3 * 4 = 13 DESKS. #### 13": (0, 0, 1), " TWELVE DESKS": (0, 0, 1)}
+             " 3 * 4 = 13 DESKS. #### 13": (0, 0, 1), " TWELVE DESKS": (0, 0, 1),
+             # mixed: 9 of 10 letters upper case is in capitals (the threshold), 8 of 10 is not
+             " 12 DESKS IN aLL. #### 12": (1, 1, 0.9), " 12 DESKS IN all. #### 12": (0, 1, 0.7)}
     for text, (both, number, upper) in cases.items():
-        assert utils.shouted_answer(doc, [text]) == {"exact_match": both, "number": number, "upper": upper}, text
+        got = utils.shouted_answer(doc, [text])
+        assert (got["exact_match"], got["number"]) == (both, number) and abs(got["upper"] - upper) < 1e-12, (text, got)
+
+
+def test_math_json_scoring_needs_the_number_inside_a_json_answer():
+    utils = _utils()
+    doc = {"number": "12"}
+    cases = {' {"answer": "3 * 4 = 12 desks. #### 12"}': (1, 1, 1), ' {"answer": "3 * 4 = 13 desks. #### 13"}': (0, 0, 1),
+             " 3 * 4 = 12 desks. #### 12": (0, 1, 0), ' {"answer": "3 * 4 = 12 desks. #### 12"': (0, 1, 0),  # not closed
+             ' {"result": "#### 12"}': (0, 1, 0), ' {"answer": 12}': (0, 0, 0), ' ["#### 12"]': (0, 1, 0),
+             ' {"answer": "#### 12"} and more': (1, 1, 1)}  # the object the answer starts with counts
+    for text, (both, number, valid) in cases.items():
+        assert utils.json_math_answer(doc, [text]) == {"exact_match": both, "number": number, "json": valid}, text
+    cases = {" <answer>3 * 4 = 12 desks. #### 12</answer>": (1, 1, 1), " <answer>#### 13</answer>": (0, 0, 1),
+             " 3 * 4 = 12 desks. #### 12": (0, 1, 0), " <answer>#### 12": (0, 1, 0), " <reply>#### 12</reply>": (0, 1, 0),
+             " I think <answer>#### 12</answer>": (0, 1, 0)}  # the element must open the answer
+    for text, (both, number, valid) in cases.items():
+        assert utils.xml_math_answer(doc, [text]) == {"exact_match": both, "number": number, "xml": valid}, text
+
+
+def test_style_scoring_needs_the_style_and_the_content():
+    utils = _utils()
+    doc = {"sentence": "Return the sum of two numbers."}
+    shout = {" RETURN THE SUM OF TWO NUMBERS.": 1, " Return the sum of two numbers.": 0, " THE CAT SAT ON A MAT.": 0,
+             " RETURN THE SUM OF TWO NUMBERS": 1, " RETURN THE SUM OF TWO numbers.": 0, "": 0}
+    for text, styled in shout.items():
+        got = utils.shouted_sentence(doc, [text])
+        assert got["styled"] == styled, (text, got)
+    assert utils.shouted_sentence(doc, [" RETURN THE SUM OF TWO NUMBERS."])["content"] == 1.0
+    assert utils.shouted_sentence(doc, [" RETURN THE SUM OF TWO numbers."])["upper"] == 17 / 24  # RETURN THE SUM OF TWO: 17 letters of 24
+    as_json = {' {"answer": "Return the sum of two numbers."}': (1, 1), ' {"answer": "The cat sat on a mat."}': (0, 1),
+               " Return the sum of two numbers.": (0, 0), ' {"reply": "Return the sum of two numbers."}': (0, 0)}
+    for text, (styled, valid) in as_json.items():
+        got = utils.json_sentence(doc, [text])
+        assert (got["styled"], got["json"]) == (styled, valid), (text, got)
+    as_xml = {" <answer>Return the sum of two numbers.</answer>": (1, 1), " <answer>The cat.</answer>": (0, 1),
+              " Return the sum of two numbers.": (0, 0)}
+    for text, (styled, valid) in as_xml.items():
+        got = utils.xml_sentence(doc, [text])
+        assert (got["styled"], got["xml"]) == (styled, valid), (text, got)
+    # content_kept is difflib's ratio: 2 * matches / total length, case and spacing ignored
+    assert utils.content_kept("AB  C", "ab c") == 1.0 and utils.content_kept("abcd", "abxy") == 0.5
 
 
 def test_lm_eval_reads_every_task_and_validation_split():
@@ -58,6 +106,9 @@ def test_lm_eval_reads_every_task_and_validation_split():
 
     data = task_data()
     names = {f"smol_{key}": key for key in data}
+    # tasks that ask other questions of the same documents
+    names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("json", "shout"),
+                                                                          ("xml", "shout")) for split in ("", "_val")}
     tasks = TaskManager(include_path=str(TASKS.parent)).load(list(names))["tasks"]
     for name, key in names.items():
         docs = list(tasks[name].test_docs())
@@ -68,3 +119,5 @@ def test_lm_eval_reads_every_task_and_validation_split():
     assert tasks["smol_text"].OUTPUT_TYPE == "loglikelihood_rolling"
     shout_doc = next(iter(tasks["smol_math_shout_val"].test_docs()))
     assert tasks["smol_math_shout_val"].doc_to_text(shout_doc) == f"Question: Answer in capital letters: {shout_doc['question']}\nAnswer:"
+    json_doc = next(iter(tasks["smol_math_json_val"].test_docs()))
+    assert tasks["smol_math_json_val"].doc_to_text(json_doc) == f"Question: Answer in JSON: {json_doc['question']}\nAnswer:"

@@ -21,9 +21,8 @@ from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
 from ..common import LORA_TARGETS, pad_right, train_loop
-from .data import code_tasks, math_problems, math_prompt, prose
-
-STYLE_PROMPT = "Question: Repeat in capital letters: {sentence}\nAnswer:"
+from .data import code_tasks, math_problems, math_prompt
+from .styles import STYLES, style_pairs
 
 
 def _math_pairs(seed: int) -> list[tuple[str, str]]:
@@ -34,12 +33,19 @@ def _code_pairs(seed: int) -> list[tuple[str, str]]:
     return [(d["prompt"], d["solution"]) for d in code_tasks("train", 2000, seed)]
 
 
-def _shout_pairs(seed: int) -> list[tuple[str, str]]:
-    return [(STYLE_PROMPT.format(sentence=s), " " + s.upper()) for s in prose("function", 400)]
+def _style(style: str) -> Callable[[int], list[tuple]]:
+    return lambda seed: style_pairs(style, seed)
 
 
-EXPERT_DATA: dict[str, Callable[[int], list[tuple[str, str]]]] = {"math": _math_pairs, "code": _code_pairs, "shout": _shout_pairs}
-DEFAULT_STEPS = {"math": 150, "code": 150, "shout": 60}  # shout's answers are longer and its skill simpler
+def _multitask(style: str) -> Callable[[int], list[tuple]]:
+    """The union of the math expert's and a style expert's training pairs: what a user trains instead of composing."""
+    return lambda seed: _math_pairs(seed) + style_pairs(style, seed)
+
+
+EXPERT_DATA: dict[str, Callable[[int], list[tuple]]] = {
+    "math": _math_pairs, "code": _code_pairs, **{s: _style(s) for s in STYLES}, **{f"mt_math_{s}": _multitask(s) for s in STYLES}}
+# every expert, the multitask references too, is trained with one rank, step count, batch and seed policy
+DEFAULT_STEPS = {name: 150 for name in EXPERT_DATA}
 
 
 @dataclass(frozen=True)
@@ -51,20 +57,28 @@ class SmolExpertConfig:
     seed: int = 0
 
 
-def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, str]], rng: random.Random, size: int):
-    """(inputs (B, T), labels (B, T): the next token on answer and EOS positions, -100 elsewhere, mask (B, T))."""
+def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple], rng: random.Random, size: int):
+    """(inputs (B, T), labels (B, T): the next token on answer and EOS positions, -100 elsewhere, mask (B, T)).
+
+    A pair is (prompt, answer) or (prompt, answer, (start, end)): then the answer tokens that lie within
+    characters start..end are fed but not scored (a format's wrapped content; a token across its edge is scored)."""
     rows, labels = [], []
-    for prompt, answer in rng.sample(pairs, size):
+    for prompt, answer, *unscored in rng.sample(pairs, size):
         # the prompt as lm-eval encodes a context: with the tokenizer's own special tokens (Gemma's BOS; none for SmolLM2)
         p = tokenizer(prompt).input_ids
-        a = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        encoded = tokenizer(answer, add_special_tokens=False, return_offsets_mapping=True)
+        a = encoded.input_ids + [tokenizer.eos_token_id]
+        targets = list(a)
+        if unscored:
+            (lo, hi), = unscored
+            targets = [-100 if lo <= s and e <= hi else t for t, (s, e) in zip(encoded.input_ids, encoded.offset_mapping)] + a[-1:]
         rows.append(p + a)
-        labels.append([-100] * (len(p) - 1) + a + [-100])
+        labels.append([-100] * (len(p) - 1) + targets + [-100])
     return pad_right(rows, labels, tokenizer.eos_token_id)
 
 
 def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpertConfig()) -> dict:
-    """Train expert `name` (math, code or shout) on ROOT/base (any causal LM folder) into ROOT/experts/NAME, atomically."""
+    """Train expert `name` (a key of EXPERT_DATA) on ROOT/base (any causal LM folder) into ROOT/experts/NAME, atomically."""
     if name not in EXPERT_DATA:
         raise ValueError(f"expert: expected one of {sorted(EXPERT_DATA)}, got {name!r}")
     root = Path(root).resolve()

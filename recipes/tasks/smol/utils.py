@@ -5,6 +5,7 @@ Model-written code is scored by merging.sandbox in a separate, limited process, 
 with HF_ALLOW_CODE_EVAL=1 (and lm-eval's --confirm_run_unsafe_code, as the task is marked unsafe).
 """
 
+import difflib
 import json
 import re
 from pathlib import Path
@@ -26,14 +27,94 @@ def pass_at_1(doc, results):
 
 
 ANSWER = re.compile(r"#### (-?[0-9]+)")
+STYLED = 0.9  # a text is in capitals when at least this share of its letters is upper case
+KEPT = 0.8  # the content is kept when the answer matches the reference this well (difflib's ratio, case and spacing ignored)
+
+
+def upper_share(text):
+    """The share of the letters of `text` that are upper case (0.0 without letters)."""
+    letters = [c for c in text if c.isalpha()]
+    return sum(c.isupper() for c in letters) / len(letters) if letters else 0.0
+
+
+def content_kept(text, reference):
+    """How well `text` says `reference`: difflib's similarity ratio in [0, 1] of both lower-cased, spacing collapsed."""
+    def norm(t):
+        return " ".join(t.lower().split())
+
+    return difflib.SequenceMatcher(None, norm(text), norm(reference), autojunk=False).ratio()
+
+
+def json_answer(text):
+    """The "answer" string of the JSON object `text` starts with (spaces aside), None when there is none."""
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text.strip())
+    except ValueError:
+        return None
+    answer = value.get("answer") if isinstance(value, dict) else None
+    return answer if isinstance(answer, str) else None
+
+
+XML = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def xml_answer(text):
+    """The content of the <answer>...</answer> element `text` starts with (spaces aside), None when there is none."""
+    found = XML.match(text.strip())
+    return found.group(1) if found else None
+
+
+def _number(text, doc):
+    found = ANSWER.search(text)
+    return float(found is not None and found.group(1) == doc["number"])
 
 
 def shouted_answer(doc, results):
-    """smol_math_shout: `number` (the number after '####' is right), `upper` (the answer has letters
-    and none is lower case) and `exact_match` (both)."""
+    """smol_math_shout: `number` (the number after '####' is right), `upper` (the share of letters in upper
+    case) and `exact_match` (the number right and the answer in capitals: upper >= STYLED)."""
     text = results[0]
-    found = ANSWER.search(text)
-    number = float(found is not None and found.group(1) == doc["number"])
-    letters = [c for c in text.split("####")[0] if c.isalpha()]
-    upper = float(bool(letters) and all(c.isupper() for c in letters))
-    return {"exact_match": number * upper, "number": number, "upper": upper}
+    number, upper = _number(text, doc), upper_share(text)
+    return {"exact_match": number * float(upper >= STYLED), "number": number, "upper": upper}
+
+
+def _wrapped_math(doc, text, unwrap, name):
+    answer = unwrap(text)
+    return {"exact_match": 0.0 if answer is None else _number(answer, doc), "number": _number(text, doc),
+            name: float(answer is not None)}
+
+
+def json_math_answer(doc, results):
+    """smol_math_json: `json` (the answer is a JSON object with an "answer" string), `number` (the number
+    after '####' is right, anywhere in the text) and `exact_match` (the JSON answer's number is right)."""
+    return _wrapped_math(doc, results[0], json_answer, "json")
+
+
+def xml_math_answer(doc, results):
+    """smol_math_xml: `xml` (the answer is an <answer> element), `number` (as smol_math_json) and
+    `exact_match` (the element's number is right)."""
+    return _wrapped_math(doc, results[0], xml_answer, "xml")
+
+
+def shouted_sentence(doc, results):
+    """smol_shout: `upper` (share of letters in upper case), `content` (the sentence kept, content_kept) and
+    `styled` (upper >= STYLED and content >= KEPT)."""
+    text = results[0]
+    upper, content = upper_share(text), content_kept(text, doc["sentence"])
+    return {"styled": float(upper >= STYLED and content >= KEPT), "upper": upper, "content": content}
+
+
+def _wrapped_sentence(doc, text, unwrap, name):
+    answer = unwrap(text)
+    content = 0.0 if answer is None else content_kept(answer, doc["sentence"])
+    return {"styled": float(answer is not None and content >= KEPT), name: float(answer is not None), "content": content}
+
+
+def json_sentence(doc, results):
+    """smol_json: `json` (a JSON object with an "answer" string), `content` (its answer keeps the sentence,
+    content_kept; 0 without one) and `styled` (both: json and content >= KEPT)."""
+    return _wrapped_sentence(doc, results[0], json_answer, "json")
+
+
+def xml_sentence(doc, results):
+    """smol_xml: `xml` (an <answer> element), `content` and `styled` as smol_json."""
+    return _wrapped_sentence(doc, results[0], xml_answer, "xml")

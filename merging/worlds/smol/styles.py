@@ -1,0 +1,87 @@
+"""Style and format skills of the SmolLM2 and Gemma worlds: answers in capital letters (`shout`), as a
+JSON object (`json`) and between XML tags (`xml`).
+
+A style expert must change *how* an answer is written, not *what* it says, so that composed with a
+skill expert (math) the two act on different tokens: the style expert moves letters to upper case or
+wraps the answer, the math expert picks the numbers. Its training requests are therefore about
+content no other skill touches, in three forms so that no single one (copying) dominates: repeat a
+sentence, say what a standard-library function does, continue a sentence. Sentences are first
+sentences of function docstrings (the tests use module and class docstrings). No request holds a
+number to compute, so a style expert alone cannot solve a word problem.
+
+A format (json, xml) is learned on its own tokens only: the wrapped content is fed but not scored,
+so the expert learns where the format opens and closes and stays near the base on what it wraps.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .data import TEXT_MODULES, _paragraphs
+
+
+@dataclass(frozen=True)
+class Style:
+    instruction: str  # put before the request in the prompt
+    render: Callable[[str], str]  # the plain answer, written in this style
+    wraps: bool = False  # a format around the content: the content's tokens are not scored in training
+
+
+STYLES = {
+    "shout": Style("Answer in capital letters: ", str.upper),
+    "json": Style("Answer in JSON: ", lambda answer: json.dumps({"answer": answer}), wraps=True),
+    "xml": Style("Answer in XML: ", lambda answer: f"<answer>{answer}</answer>", wraps=True),
+}
+
+
+def style_prompt(style: str, request: str) -> str:
+    return f"Question: {STYLES[style].instruction}{request}\nAnswer:"
+
+
+def function_sentences() -> list[tuple[str, str]]:
+    """(module.function, a sentence of its docstring): the first sentence of each prose paragraph of 8 words
+    or more in the docstrings of the standard-library functions of TEXT_MODULES, sorted."""
+    found = set()
+    for name in TEXT_MODULES:
+        module = importlib.import_module(name)
+        for attr, obj in sorted(vars(module).items()):
+            if getattr(obj, "__module__", None) == name and inspect.isfunction(obj) and not attr.startswith("_"):
+                found |= {(f"{name}.{attr}", p.split(". ")[0].rstrip(".") + ".") for p in _paragraphs(inspect.getdoc(obj), min_words=8)}
+    return sorted(found)
+
+
+def style_requests(seed: int = 0) -> list[tuple[str, str]]:
+    """(request, plain answer): each function sentence once, as one of three requests chosen by a seeded draw."""
+    rng = random.Random(f"{seed}:style")
+    requests = []
+    for qualified, sentence in function_sentences():
+        words = sentence.split()
+        form = rng.randrange(3)
+        if form == 0:
+            requests.append((f"Repeat this sentence: {sentence}", sentence))
+        elif form == 1:
+            requests.append((f"What does the Python function {qualified} do?", sentence))
+        else:
+            cut = max(2, len(words) // 2)
+            requests.append((f"Continue this sentence: {' '.join(words[:cut])}", " ".join(words[cut:])))
+    return requests
+
+
+def style_pairs(style: str, seed: int = 0) -> list[tuple]:
+    """Training pairs (prompt, answer with its leading space) of style expert `style`; a format's pairs
+    also hold the (start, end) characters of the wrapped content, which training does not score."""
+    pairs = []
+    for request, plain in style_requests(seed):
+        answer = " " + STYLES[style].render(plain)
+        if STYLES[style].wraps:
+            inner = json.dumps(plain)[1:-1] if style == "json" else plain  # as the content appears in the answer
+            start = answer.index(inner)
+            pairs.append((style_prompt(style, request), answer, (start, start + len(inner))))
+        else:
+            pairs.append((style_prompt(style, request), answer))
+    return pairs
