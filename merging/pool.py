@@ -9,6 +9,8 @@ are loaded per row and dropped after it. Nothing here imports torch until a mode
 from __future__ import annotations
 
 import contextlib
+import errno
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,7 +64,7 @@ class ModelPool:
 
     def merge(self, kind: Kind, row: Variant) -> Path:
         """The row's model folder built by its kind; by rank 0 alone under a launcher (the others wait for its folder)."""
-        return broadcast(kind.build(row, self.recipe, self.paths, self.lora_cache) if world()[0] == 0 else None)
+        return broadcast(build_row(kind, row, self.recipe, self.paths, self.lora_cache) if world()[0] == 0 else None)
 
     @contextlib.contextmanager
     def adapter(self, label: str, path: Path) -> Iterator:
@@ -86,3 +88,34 @@ class ModelPool:
             self._peft = attach_lora(self._peft or self.base(), adapter, path, self.paths.base, self.options)
         except ValueError as exc:
             raise ValueError(f"{label}: {exc}") from None
+
+
+def build_row(kind: Kind, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:
+    """`kind.build`, with a full disk as one line. mergekit and safetensors report it in their own ways
+    (safetensors: an `IoError(Os { code: 28 ... })` inside its SafetensorError); the folder is written
+    through `atomic_dir`, so nothing half-written is left.
+
+    Raises:
+        OSError: naming the row, the folder and the space left, when the disk (or a quota) is full.
+    """
+    try:
+        return kind.build(row, recipe, paths, lora_cache)
+    except Exception as exc:
+        if not _no_space(exc):
+            raise
+        folder = paths.output / "models" / row.name
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        free = shutil.disk_usage(existing).free / 2**20
+        raise OSError(f"variants: {row.name}: the disk is full writing its merged model into {folder} ({free:.0f} MiB free); "
+                      "nothing was kept; free some space and run again") from None
+
+
+def _no_space(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it came from, is a full disk or quota."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(exc) or "StorageFull" in str(exc) or "Disk quota exceeded" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -33,7 +33,7 @@ from .harness.evaluate import evaluate
 from .kinds import KINDS, Variant
 from .output import check_output, check_recorded_recipe, inside, ours, output_lock
 from .plan import Plan, plan, prepare
-from .pool import ModelPool
+from .pool import ModelPool, build_row
 from .recipe import Recipe, ResolvedPaths
 from .report import write_reports
 
@@ -180,4 +180,4 @@ def merge_recipe(p: Plan) -> dict[str, Path]:
     if not rows:
         defaults = [name for name, kind in KINDS.items() if kind.merges and kind.default and not kind.unavailable(p.recipe)]
         rows = plan(p.recipe.model_copy(update={"variants": defaults}))
-    return {row.name: KINDS[row.kind].build(row, p.recipe, p.paths) for row in rows}
+    return {row.name: build_row(KINDS[row.kind], row, p.recipe, p.paths) for row in rows}

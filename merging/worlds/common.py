@@ -59,7 +59,9 @@ def train_loop(model, next_batch: Callable[[], tuple], steps: int, lr: float, de
 
     Args:
         next_batch: returns (inputs (B, T), labels (B, T) with -100 where unscored, mask (B, T)),
-            labels aligned with the logits (position t scores the token after t).
+            labels aligned with the logits (position t scores the token after t); optionally a fourth
+            (B, T) bool, positions trained toward the base's own next-token distribution instead
+            (KL(p_base ‖ p_model), the base being `model` with its adapter disabled: a peft model).
 
     Returns:
         The final batch loss.
@@ -79,9 +81,14 @@ def train_loop(model, next_batch: Callable[[], tuple], steps: int, lr: float, de
     loss_val = float("nan")
     bar = tqdm(range(steps), desc=desc, leave=False, mininterval=2.0)
     for _ in bar:
-        inputs, labels, mask = next_batch()
+        inputs, labels, mask, *like_base = next_batch()
         logits = model(input_ids=inputs, attention_mask=mask).logits  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        if like_base and like_base[0].any():
+            keep = like_base[0]  # (B, T) bool
+            with torch.no_grad(), model.disable_adapter():
+                base = torch.log_softmax(model(input_ids=inputs, attention_mask=mask).logits[keep], -1)  # (N, V)
+            loss = loss + F.kl_div(torch.log_softmax(logits[keep], -1), base, log_target=True, reduction="batchmean")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

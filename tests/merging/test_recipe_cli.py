@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -350,6 +351,27 @@ def test_an_output_inside_the_include_path_does_not_make_every_row_run_again(tin
     (folder / "a2b_c2d.jsonl").write_text((folder / "a2b_c2d.jsonl").read_text())  # a task file touched: both run again
     runner.run_recipe(path, echo=lambda *_: None)
     assert calls == ["base", "a"] * 2
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "--map-root-user", "true"]).returncode != 0,
+                    reason="needs a private mount namespace (unshare) for a small tmpfs")
+@pytest.mark.parametrize("kind", ["merged", "merged_lora"])
+def test_a_full_disk_during_a_merge_is_one_line_and_leaves_nothing_half_written(tiny, tmp_path, kind):
+    """Issue 30.7: a full disk while mergekit (or merge-as-LoRA) writes was a 15-45 line traceback, exit 1. Here the
+    output folder is a 16 KiB tmpfs in a private mount namespace: the tiny merge does not fit in it."""
+    path = write_recipe(tmp_path, tiny, variants=[kind], merge={"lora": True})
+    out = tmp_path / "out"
+    out.mkdir()
+    script = 'mount -t tmpfs -o size=16k tmpfs "$1" || exit 99; "$2" -m merging.cli merge "$3"; rc=$?; ' \
+             'echo "left: $(find "$1/models" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)"; exit $rc'
+    command = cli_command()
+    proc = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", script, "sh", str(out), sys.executable, str(path)],
+                          capture_output=True, text=True, env=command["env"])
+    assert proc.returncode == 2, proc.stderr
+    row = kind
+    assert proc.stderr.splitlines()[-1].startswith(f"logitcomp: error: variants: {row}: the disk is full writing its merged model into "), proc.stderr
+    assert "MiB free); nothing was kept" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout.splitlines()[-1] == "left: 0"  # atomic_dir removed its partial folder
 
 
 def test_outputs_lm_eval_could_not_write_whole_fail_the_row_and_keep_the_previous_ones(tiny, tmp_path, monkeypatch):

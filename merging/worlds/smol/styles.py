@@ -9,8 +9,9 @@ sentence, say what a standard-library function does, continue a sentence. Senten
 sentences of function docstrings (the tests use module and class docstrings). No request holds a
 number to compute, so a style expert alone cannot solve a word problem.
 
-A format (json, xml) is learned on its own tokens only: the wrapped content is fed but not scored,
-so the expert learns where the format opens and closes and stays near the base on what it wraps.
+A format (json, xml) is learned on its own tokens; on the wrapped content the expert is trained toward
+the base's own next-token distribution (merging.worlds.smol.train.make_batch), so it learns where the
+format opens and closes and stays the base on what it wraps.
 """
 
 from __future__ import annotations

@@ -58,23 +58,29 @@ class SmolExpertConfig:
 
 
 def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple], rng: random.Random, size: int):
-    """(inputs (B, T), labels (B, T): the next token on answer and EOS positions, -100 elsewhere, mask (B, T)).
+    """(inputs (B, T), labels (B, T): the next token on answer and EOS positions, -100 elsewhere, mask (B, T),
+    like_base (B, T) bool).
 
     A pair is (prompt, answer) or (prompt, answer, (start, end)): then the answer tokens that lie within
-    characters start..end are fed but not scored (a format's wrapped content; a token across its edge is scored)."""
-    rows, labels = [], []
+    characters start..end (a format's wrapped content; a token across its edge is scored) are not scored
+    but marked in `like_base`: there training pulls the expert toward the base's own next-token distribution,
+    so that it wraps what the base (or another expert) writes, and does not close the format early."""
+    rows, labels, like_base = [], [], []
     for prompt, answer, *unscored in rng.sample(pairs, size):
         # the prompt as lm-eval encodes a context: with the tokenizer's own special tokens (Gemma's BOS; none for SmolLM2)
         p = tokenizer(prompt).input_ids
         encoded = tokenizer(answer, add_special_tokens=False, return_offsets_mapping=True)
         a = encoded.input_ids + [tokenizer.eos_token_id]
-        targets = list(a)
+        inside = [False] * len(a)
         if unscored:
             (lo, hi), = unscored
-            targets = [-100 if lo <= s and e <= hi else t for t, (s, e) in zip(encoded.input_ids, encoded.offset_mapping)] + a[-1:]
+            inside = [lo <= s and e <= hi for s, e in encoded.offset_mapping] + [False]
         rows.append(p + a)
-        labels.append([-100] * (len(p) - 1) + targets + [-100])
-    return pad_right(rows, labels, tokenizer.eos_token_id)
+        labels.append([-100] * (len(p) - 1) + [-100 if i else t for t, i in zip(a, inside)] + [-100])
+        like_base.append([False] * (len(p) - 1) + inside + [False])
+    inputs, targets, mask = pad_right(rows, labels, tokenizer.eos_token_id)
+    keep = torch.tensor([k + [False] * (inputs.shape[1] - len(k)) for k in like_base])  # (B, T)
+    return inputs, targets, mask, keep
 
 
 def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpertConfig()) -> dict:
