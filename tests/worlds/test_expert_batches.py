@@ -20,7 +20,8 @@ def test_prompt_tokens_are_lm_evals_context_and_only_answer_and_eos_are_scored(t
         tok._tokenizer.post_processor = None
     lm = HFLM(pretrained=AutoModelForCausalLM.from_pretrained(make_tiny_llama(tmp_path / "base")), tokenizer=tok, batch_size=1)
     pairs = [("Question: 2+3?\nAnswer:", " 5"), ("Q: hi\nA:", " HELLO")]
-    inputs, labels, mask = make_batch(tok, pairs, random.Random(0), 2)
+    inputs, labels, mask, like_base = make_batch(tok, pairs, random.Random(0), 2)
+    assert not like_base.any()  # plain pairs: every answer token scored
     for row in range(2):
         prompt, answer = next(p for p in pairs if tok.decode(inputs[row][mask[row].bool()]).startswith(tok.decode(lm.tok_encode(p[0]))))
         context = lm.tok_encode(prompt)  # the reference: lm-eval's encoding of a generation context
@@ -31,3 +32,38 @@ def test_prompt_tokens_are_lm_evals_context_and_only_answer_and_eos_are_scored(t
         # position t scores token t + 1: the answer's tokens and EOS, nothing of the prompt
         assert labels[row, :n].tolist() == [-100] * (len(context) - 1) + reply + [-100]
         assert (labels[row, n:] == -100).all()
+
+
+def test_a_formats_content_is_fed_unscored_and_trained_toward_the_base(tmp_path):
+    """A format pair (prompt, answer, (start, end)): the wrapped content's tokens are not scored but marked, and
+    train_loop adds KL(p_base ‖ p_model) there, the base being the adapter-disabled model (checked against a
+    separately loaded base and the formula by hand)."""
+    import torch
+    import torch.nn.functional as F
+    from peft import PeftModel
+
+    from common import make_tiny_lora
+    from merging.worlds.common import train_loop
+
+    tok = make_tokenizer()
+    base_dir = make_tiny_llama(tmp_path / "base")
+    answer = " [hi]"  # content "hi": characters 2..4
+    inputs, labels, mask, like_base = make_batch(tok, [("Q: x\nA:", answer, (2, 4))], random.Random(0), 1)
+    context = len(tok("Q: x\nA:").input_ids)
+    reply = [tok.convert_tokens_to_ids(c) for c in answer] + [tok.eos_token_id]
+    scored = [t if c not in "hi" else -100 for t, c in zip(reply, answer + "$")]
+    assert labels[0].tolist() == [-100] * (context - 1) + scored + [-100]
+    assert like_base[0].tolist() == [False] * (context - 1) + [c in "hi" for c in answer] + [False, False]
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), make_tiny_lora(base_dir, tmp_path / "lora", seed=3, r=2,
+                                      lora_alpha=4, target_modules=["q_proj", "v_proj"]), is_trainable=True)
+    with torch.no_grad():
+        logits = model(input_ids=inputs, attention_mask=mask).logits  # (1, T, V), before the step
+        base = AutoModelForCausalLM.from_pretrained(base_dir)(input_ids=inputs, attention_mask=mask).logits
+    keep = like_base[0]
+    ce = F.cross_entropy(logits[0], labels[0], ignore_index=-100)
+    p_base = torch.softmax(base[0][keep], -1)  # (2, V)
+    kl = (p_base * (p_base.log() - torch.log_softmax(logits[0][keep], -1))).sum(-1).mean()  # KL(p_base ‖ p_model) per position
+    assert kl > 1e-3  # the adapter moves the model: the term is not zero
+    loss = train_loop(model, lambda: (inputs, labels, mask, like_base), steps=1, lr=0.0, desc="t")
+    assert abs(loss - (ce + kl).item()) < 1e-5, (loss, ce.item(), kl.item())
