@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -62,6 +63,10 @@ def evaluate(lm, spec, include_path: Path | None, out: Path) -> dict | None:
     return {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}
 
 
+SAMPLES = re.compile(  # lm-eval's samples_TASK_DATE.jsonl
+    r"samples_(.+)_(\d{4}-\d\d-\d\dT[\d\-.:]+)\.jsonl")
+
+
 def _check_written(tmp: Path, out: Path, counts: dict[str, int]) -> None:
     """lm-eval's EvaluationTracker only logs a warning when a write fails (a full disk leaves a results JSON cut
     short and empty sample files): its files are read back before the row's folder replaces the previous one.
@@ -76,7 +81,8 @@ def _check_written(tmp: Path, out: Path, counts: dict[str, int]) -> None:
         except ValueError:
             problems.append(f"{path.name} is cut short ({path.stat().st_size} bytes)")
     for task, count in counts.items():
-        files = sorted(tmp.rglob(f"samples_{task}_*.jsonl"))
+        # lm-eval names them samples_TASK_DATE.jsonl: a glob of samples_TASK_* would also take smol_math_json's for smol_math
+        files = sorted(p for p in tmp.rglob("samples_*.jsonl") if (m := SAMPLES.fullmatch(p.name)) and m[1] == task)
         lines = [line for path in files for line in path.read_bytes().splitlines()]
         try:
             complete = len(lines) == count and all(isinstance(json.loads(line), dict) for line in lines)

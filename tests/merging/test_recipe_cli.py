@@ -390,7 +390,7 @@ def test_outputs_lm_eval_could_not_write_whole_fail_the_row_and_keep_the_previou
     def full_disk(self, task_name, samples):  # what a failed write leaves: the file created, nothing in it
         folder = Path(self.output_path) / "model"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"samples_{task_name}_x.jsonl").write_bytes(b"")
+        (folder / f"samples_{task_name}_2026-01-01T00-00-00.000000.jsonl").write_bytes(b"")  # as lm-eval names it
 
     monkeypatch.setattr(EvaluationTracker, "save_results_samples", full_disk)
     with pytest.raises(OSError, match=r"^lm_eval/base: lm-eval did not write its outputs whole \(samples of toy_a2b_c2d: 0 of 4 records; "
@@ -398,3 +398,16 @@ def test_outputs_lm_eval_could_not_write_whole_fail_the_row_and_keep_the_previou
         runner.run_recipe(path, force=True, echo=lambda *_: None)
     assert {p.relative_to(out): p.read_bytes() for p in (out / "lm_eval").rglob("*") if p.is_file()} == good
     assert (out / "variants" / "base.json").read_bytes() == record and not list(out.rglob("*partial*"))
+
+
+def test_the_written_check_counts_each_tasks_own_samples_when_one_task_name_starts_another(tmp_path):
+    """smol_math and smol_math_json: a glob samples_smol_math_* took both files, and a whole row was refused."""
+    from merging.harness.evaluate import _check_written
+
+    date = "2026-12-03T20-40-08.475553"
+    (tmp_path / f"results_{date}.json").write_text("{}")
+    (tmp_path / f"samples_smol_math_{date}.jsonl").write_text('{"a": 1}\n' * 3)
+    (tmp_path / f"samples_smol_math_json_{date}.jsonl").write_text('{"a": 1}\n' * 2)
+    _check_written(tmp_path, tmp_path / "row", {"smol_math": 3, "smol_math_json": 2})
+    with pytest.raises(OSError, match=r"samples of smol_math_json: 2 of 5 records"):
+        _check_written(tmp_path, tmp_path / "row", {"smol_math": 3, "smol_math_json": 5})
