@@ -80,9 +80,10 @@ def _check_written(tmp: Path, out: Path, counts: dict[str, int]) -> None:
             json.loads(path.read_bytes())
         except ValueError:
             problems.append(f"{path.name} is cut short ({path.stat().st_size} bytes)")
+    # lm-eval names them samples_TASK_DATE.jsonl: a glob of samples_TASK_* would also take smol_math_json's for smol_math
+    samples = sorted(p for p in tmp.rglob("samples_*.jsonl") if SAMPLES.fullmatch(p.name))
     for task, count in counts.items():
-        # lm-eval names them samples_TASK_DATE.jsonl: a glob of samples_TASK_* would also take smol_math_json's for smol_math
-        files = sorted(p for p in tmp.rglob("samples_*.jsonl") if (m := SAMPLES.fullmatch(p.name)) and m[1] == task)
+        files = [p for p in samples if SAMPLES.fullmatch(p.name)[1] == task]
         lines = [line for path in files for line in path.read_bytes().splitlines()]
         try:
             complete = len(lines) == count and all(isinstance(json.loads(line), dict) for line in lines)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,13 +77,15 @@ def style_requests(seed: int = 0) -> list[tuple[str, str]]:
 def style_pairs(style: str, seed: int = 0) -> list[tuple]:
     """Training pairs (prompt, answer with its leading space) of style expert `style`; a format's pairs
     also hold the (start, end) characters of the wrapped content, which training does not score."""
+    render = STYLES[style].render
+    empty = render("")  # the format around nothing: what a rendered answer shares with it is the format
     pairs = []
     for request, plain in style_requests(seed):
-        answer = " " + STYLES[style].render(plain)
+        rendered = render(plain)
         if STYLES[style].wraps:
-            inner = json.dumps(plain)[1:-1] if style == "json" else plain  # as the content appears in the answer
-            start = answer.index(inner)
-            pairs.append((style_prompt(style, request), answer, (start, start + len(inner))))
+            start = len(os.path.commonprefix([empty, rendered]))
+            end = max(start, len(rendered) - len(os.path.commonprefix([empty[::-1], rendered[::-1]])))
+            pairs.append((style_prompt(style, request), " " + rendered, (1 + start, 1 + end)))  # + 1: the leading space
         else:
-            pairs.append((style_prompt(style, request), answer))
+            pairs.append((style_prompt(style, request), " " + rendered))
     return pairs
