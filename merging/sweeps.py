@@ -19,13 +19,13 @@ def families(variants: list[Variant]) -> dict[str, list[Variant]]:
     return out
 
 
-def selection_score(metrics: dict[str, dict], select_on: SelectSpec) -> float:
-    """The row's score on the validation metric. Raises RecipeError naming the metrics there are."""
+def selection_score(metrics: dict[str, dict], select_on: SelectSpec, field: str = "evaluate.select_on") -> float:
+    """The row's score on the validation metric. Raises RecipeError naming `field` and the metrics there are."""
     by_task = metrics.get(select_on.task, {})
     keys = [k for k in by_task if "_stderr" not in k and (k == select_on.metric or k.split(",")[0] == select_on.metric)]
     if len(keys) != 1:
         reported = sorted(k for k in by_task if "," in k and "_stderr" not in k)
-        raise RecipeError(f"evaluate.select_on.metric: {select_on.task} reports {', '.join(reported) or 'no metrics'}; "
+        raise RecipeError(f"{field}.metric: {select_on.task} reports {', '.join(reported) or 'no metrics'}; "
                           f"{'name one of them with its filter' if keys else 'got'} {select_on.metric!r}")
     value = float(by_task[keys[0]])
     return value if not math.isnan(value) else -math.inf if select_on.higher_is_better else math.inf
@@ -39,7 +39,8 @@ def select(results: dict[str, dict], variants: list[Variant], select_on: SelectS
         on = rows[0].select_on or select_on
         if on is None:
             continue
-        scores = [selection_score(results[r.name], on) for r in rows]
+        field = f"variants: {family}: select_on" if rows[0].select_on else "evaluate.select_on"
+        scores = [selection_score(results[r.name], on, field) for r in rows]
         sign = 1 if on.higher_is_better else -1
         best = max(range(len(rows)), key=lambda i: (sign * scores[i], -i))
         parameter, value = rows[best].swept

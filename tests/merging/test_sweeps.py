@@ -102,6 +102,9 @@ def test_a_row_may_combine_some_experts_and_choose_on_its_own_validation_task():
     # ca on its own task, ta on the recipe's
     assert {f: (c["variant"], c["on"]["task"]) for f, c in chosen.items()} == {"ca": ("ca[lambda=1]", "test"), "ta": ("ta[lambda=0.5]", "val")}
     assert {f: c["variant"] for f, c in select(results, rows, None).items()} == {"ca": "ca[lambda=1]"}
+    two = {n: {"test": {"exact_match,strict": 1.0, "exact_match,flexible": 0.0}} for n in val}
+    with pytest.raises(RecipeError, match=r"^variants: ca: select_on\.metric: test reports exact_match,flexible, exact_match,strict"):
+        select(two, rows, None)  # the message names the row's own select_on
     assert main_rows(rows, {"ca": chosen["ca"]}) == ["base", "a", "b", "ca[lambda=1]", "ta[lambda=0.5]", "ta[lambda=1]", "arr"]
     recipe = _recipe(variants=[{"name": "ca", "kind": "composed", "experts": ["a"], "sweep": {"lambda": [1.0]},
                                 "select_on": {"task": "val", "metric": "exact_match"}}])
