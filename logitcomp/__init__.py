@@ -10,4 +10,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".config": ("CompositionConfig",),
     ".model": ("ComposedCache", "ComposedCausalLMOutput", "ComposedModelForCausalLM", "CompositionTrace", "compose"),
     ".ops": ("apply_eos_policy", "clamped_logprobs", "compose_logprobs", "entropy", "kl_divergence"),
+    ".routing": ("fit_routing",),
 })

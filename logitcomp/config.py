@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from .rules import get_rule
 
 DEFAULT_FLOOR = -1e4  # the paper's code clamps base log-probs here
-EOS_POLICIES = ("compose", "base", "any", "all")
+EOS_POLICIES = ("compose", "base", "any", "all", "top")
 # Bounds that keep the composition finite in fp32: each term w_i * (log p_i - log p_b) is at most
 # MAX_WEIGHT * |MIN_FLOOR| = 1e15 (fp32 holds 3.4e38); no useful composition comes near them.
 MAX_WEIGHT = 1e6
@@ -28,6 +28,40 @@ def check_eos_policy(policy) -> str:
     if policy not in EOS_POLICIES:
         raise ValueError(f"eos_policy: expected one of {list(EOS_POLICIES)}, got {policy!r}")
     return policy
+
+
+def check_routing(routing) -> dict | None:
+    """Return `routing` with its defaults filled in (None: no routing). Raises ValueError naming the bad key.
+
+    `centroids`: expert name -> its centroid (d numbers, one length for all); `tau` in (0, 100]: the
+    posterior's temperature; `threshold` in [0, 1]: experts whose posterior is below this share of the
+    top one's get weight 0 (see `logitcomp.routing`)."""
+    if routing is None:
+        return None
+    if not isinstance(routing, dict):
+        raise ValueError(f"routing: expected a mapping with centroids, tau and threshold, got {routing!r}")
+    unknown = sorted(set(routing) - {"centroids", "tau", "threshold"})
+    if unknown:
+        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: centroids, tau, threshold")
+    centroids = routing.get("centroids")
+    if not isinstance(centroids, dict) or not centroids:
+        raise ValueError(f"routing.centroids: expected a mapping of expert name to a list of numbers, got {centroids!r}")
+    length = None
+    for name, vector in centroids.items():
+        if not isinstance(vector, (list, tuple)) or not vector or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+            raise ValueError(f"routing.centroids[{name!r}]: expected a non-empty list of finite numbers")
+        if length is not None and len(vector) != length:
+            raise ValueError(f"routing.centroids[{name!r}]: {len(vector)} numbers, the other centroids {length}")
+        length = len(vector)
+    out = {"centroids": {n: [float(x) for x in v] for n, v in centroids.items()}}
+    for key, default, low, high, closed in (("tau", 0.1, 0.0, 100.0, False), ("threshold", 0.0, 0.0, 1.0, True)):
+        value = routing.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high) or (not closed and value == low):
+            bounds = f"[{low:g}, {high:g}]" if closed else f"({low:g}, {high:g}]"
+            raise ValueError(f"routing.{key}: expected a number in {bounds}, got {value!r}")
+        out[key] = float(value)
+    return out
 
 
 def check_weights(weights: Sequence[float], names: Sequence[str] | None = None) -> list[float]:
@@ -55,7 +89,8 @@ class CompositionConfig:
             negative weights make anti-experts).
         floor: log-probs are clamped here before the log-ratios are taken (the paper used -1e4).
         eos_policy: how EOS is scored: `compose` (the composition, as in the paper), `base` (the
-            base alone), `any` (max over base and experts), `all` (min over base and experts).
+            base alone), `any` (max over base and experts), `all` (min over base and experts), `top`
+            (the expert of the largest weight at that position: with routing, the top-routed one).
             The paper reports termination instability with more than two experts.
         masks: expert name -> token ids on which its log-ratio applies (the paper's factorised
             conditionals); experts left out apply everywhere.
@@ -63,6 +98,9 @@ class CompositionConfig:
         rule: how the log-probs combine: a name of `logitcomp.rules.RULES` (`product`, the paper's, by
             default); EOS policies and masks apply with every rule.
         rule_params: the rule's parameters (`RULES[rule].params`: defaults and ranges).
+        routing: None (fixed weights), or hidden-state routing (`logitcomp.routing`): `centroids`
+            (expert name -> d numbers, every composed expert), `tau`, `threshold`; each expert's weight
+            at a position is w_i times its gate there.
     """
 
     weights: dict[str, float] = field(default_factory=dict)
@@ -72,6 +110,7 @@ class CompositionConfig:
     trace: bool = False
     rule: str = "product"
     rule_params: dict[str, float] = field(default_factory=dict)
+    routing: dict | None = None
 
     def __post_init__(self):
         if not isinstance(self.weights, dict):
@@ -86,6 +125,7 @@ class CompositionConfig:
                 raise ValueError(f"masks[{name!r}]: expected a list of non-negative token ids, got {ids!r}")
         self.masks = {name: list(ids) for name, ids in self.masks.items()}
         self.rule_params = get_rule(self.rule).check(self.rule_params)
+        self.routing = check_routing(self.routing)
 
     def check_experts(self, names: list[str]) -> None:
         """Raise ValueError when weights or masks name an expert that is not composed."""
@@ -93,10 +133,17 @@ class CompositionConfig:
             unknown = sorted(set(table) - set(names))
             if unknown:
                 raise ValueError(f"{key}: unknown expert {unknown[0]!r}; the experts are {names}")
+        if self.routing is not None and set(self.routing["centroids"]) != set(names):
+            missing = sorted(set(names) - set(self.routing["centroids"])) or sorted(set(self.routing["centroids"]) - set(names))
+            raise ValueError(f"routing.centroids: expected one centroid per composed expert {names}; {missing[0]!r} does not match")
 
     def with_weights(self, weights: dict[str, float]) -> CompositionConfig:
         """A validated copy whose weights are these, over the current ones."""
         return CompositionConfig(**{**self.to_dict(), "weights": {**self.weights, **weights}})
+
+    def with_routing(self, routing: dict | None) -> CompositionConfig:
+        """A validated copy with this routing (None: fixed weights)."""
+        return CompositionConfig(**{**self.to_dict(), "routing": routing})
 
     def weight(self, name: str) -> float:
         return self.weights.get(name, 1.0)

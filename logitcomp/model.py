@@ -25,6 +25,7 @@ from .grouped_lora import LoraStack, grouped_lora
 from .head import fast_head
 from .loading import LoadOptions
 from .ops import Composer, entropy, kl_divergence
+from .routing import Router, last_hidden, running_means
 
 log = logging.getLogger(__name__)
 SCORING_BUDGET = 1 << 27  # elements (512 MiB of fp32 logits) of the k + 1 models' logits in one scoring forward
@@ -48,6 +49,7 @@ class ComposedCache:
         else:
             self.rows = DynamicCache()
             self.full = {name: DynamicCache() for name in full_experts}
+        self.route = None  # routing: (sum, count) of the base's hidden states over each row's tokens so far
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.rows.get_seq_length(layer_idx)
@@ -60,14 +62,17 @@ class ComposedCache:
 
 @dataclass
 class CompositionTrace:
-    """Per position: each expert's activity KL(p_i ‖ p_b) and the composed entropy (nats)."""
+    """Per position: each expert's activity KL(p_i ‖ p_b), the composed entropy (nats) and, with routing,
+    each expert's gate (`logitcomp.routing`)."""
 
     experts: list[str]
     kl: torch.Tensor  # (B, T, k)
     entropy: torch.Tensor  # (B, T)
+    gates: torch.Tensor | None = None  # (B, T, k)
 
     def to_dict(self) -> dict:
-        return {"experts": self.experts, "kl": self.kl.tolist(), "entropy": self.entropy.tolist()}
+        gates = {} if self.gates is None else {"gates": self.gates.tolist()}
+        return {"experts": self.experts, "kl": self.kl.tolist(), "entropy": self.entropy.tolist(), **gates}
 
 
 @dataclass
@@ -160,6 +165,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                                         rule_params=config.rule_params, eos_policy=config.eos_policy, masked=bool(masks))
         # per-step constants live on the model's device and follow `.to()` (buffers): a decoding step
         # copies nothing from the host (masks are bool, so `.to(dtype)` leaves them as they are)
+        self.router = None if config.routing is None else Router.from_config(config.routing, self.experts).to(self._hf_model.device)
         for buffer in self._mask_buffers.values():
             delattr(self, buffer)
         self._mask_buffers = {}
@@ -272,8 +278,16 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 cache=cache.rows if cache is not None else None,
                 use_cache=cache is not None,
                 logits_to_keep=logits_to_keep,
+                output_hidden_states=self.router is not None,
             )
         grouped = out.logits.view(groups, batch, *out.logits.shape[1:])  # (G, B, T', V)
+        gates = None
+        if self.router is not None:  # the base rows' hidden states: the first block
+            mask = None if attention_mask is None else attention_mask[:, -length:]
+            means, state = running_means(last_hidden(out)[:batch], mask, cache.route if cache is not None else None)  # (B, T, d)
+            if cache is not None:
+                cache.route = state
+            gates = self.router.gates(means[:, -grouped.shape[2]:])  # (B, T', k)
         by_name = dict(zip(self.lora_experts, grouped[1:]))
         for name, expert in self.full_experts.items():
             by_name[name] = expert(
@@ -284,7 +298,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 use_cache=cache is not None,
                 logits_to_keep=logits_to_keep,
             ).logits  # (B, T', V)
-        return self._compose(grouped[0], [by_name[e] for e in self.experts], cache, output_trace)
+        return self._compose(grouped[0], [by_name[e] for e in self.experts], cache, output_trace, gates)
 
     def _scoring_chunk(self, batch: int, length: int) -> int:
         """Positions per forward when every position's log-probs are wanted: as many as keep the k + 1 models'
@@ -319,17 +333,19 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         logits = out if out is not None else torch.cat(parts, dim=1)
         trace = None
         if traces:
-            trace = CompositionTrace(list(self.experts), torch.cat([t.kl for t in traces], 1), torch.cat([t.entropy for t in traces], 1))
+            gates = None if traces[0].gates is None else torch.cat([t.gates for t in traces], 1)
+            trace = CompositionTrace(list(self.experts), torch.cat([t.kl for t in traces], 1), torch.cat([t.entropy for t in traces], 1),
+                                     gates)
         return ComposedCausalLMOutput(logits=logits, cache=cache if keep_cache else None, trace=trace)
 
-    def _compose(self, base, experts, cache, output_trace) -> ComposedCausalLMOutput:
+    def _compose(self, base, experts, cache, output_trace, gates=None) -> ComposedCausalLMOutput:
         masks = [getattr(self, self._mask_buffers[e]) if e in self._mask_buffers else None for e in self.experts]
-        composed = self._composer(base, experts, masks, self._eos_tensor(base.device))  # (B, T, V)
+        composed = self._composer(base, experts, masks, self._eos_tensor(base.device), gates)  # (B, T, V)
         trace = None
         if self.composition.trace if output_trace is None else output_trace:
             lb = torch.log_softmax(base.float(), -1)
             kl = torch.stack([kl_divergence(torch.log_softmax(e.float(), -1), lb) for e in experts], -1)  # (B, T, k)
-            trace = CompositionTrace(list(self.experts), kl, entropy(composed))
+            trace = CompositionTrace(list(self.experts), kl, entropy(composed), gates)
         return ComposedCausalLMOutput(logits=composed, cache=cache, trace=trace)
 
     def _eos_ids(self) -> list[int]:

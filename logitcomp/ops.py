@@ -47,23 +47,27 @@ class Composer:
         """
         weights = tuple(check_weights(list(weights)))
         spec = get_rule(rule)
+        if spec.nonnegative and (any(w < 0 for w in weights) or not any(w > 0 for w in weights)):
+            raise ValueError(f"weights: the {spec.name} rule takes weights >= 0, at least one > 0; got {list(weights)}")
         return cls(weights, check_floor(floor), spec.bind(spec.check(dict(rule_params or {}))), spec is RULES["product"] and not masked,
                    EOS_PICKS[check_eos_policy(eos_policy)])
 
     def __call__(self, base: torch.Tensor, experts: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None] | None = None,
-                 eos_ids: torch.Tensor | None = None) -> torch.Tensor:
+                 eos_ids: torch.Tensor | None = None, gates: torch.Tensor | None = None) -> torch.Tensor:
         """Composed fp32 log-probs (..., V) of base and expert logits (..., V); `masks`: bool (V,) or None
-        per expert; `eos_ids`: (E,) on the logits' device, rescored by the EOS policy."""
-        if self.plain_product and not _records_grad(base, *experts):
+        per expert; `eos_ids`: (E,) on the logits' device, rescored by the EOS policy; `gates`: (..., k)
+        per-position factors of the weights (routing, `logitcomp.routing`), None: the fixed weights."""
+        weights = self.weights if gates is None else [w * gates[..., i:i + 1] for i, w in enumerate(self.weights)]  # (..., 1) each
+        if self.plain_product and gates is None and not _records_grad(base, *experts):
             composed = _product(base, experts, self.weights, self.floor)
         else:
             lb = clamped_logprobs(base, self.floor)  # (..., V)
             clamped = [clamped_logprobs(e, self.floor) for e in experts]  # finite: every log-ratio is bounded
-            total = self.rule(lb, clamped, self.weights, masks or [None] * len(experts))  # (..., V)
+            total = self.rule(lb, clamped, weights, masks or [None] * len(experts))  # (..., V)
             composed = torch.log_softmax(total, dim=-1)  # finite: every term is bounded
         if self.eos_pick is None or eos_ids is None or eos_ids.numel() == 0:
             return composed
-        return _rescore_eos(composed, base, experts, eos_ids, self.eos_pick, self.floor)
+        return _rescore_eos(composed, base, experts, eos_ids, self.eos_pick, self.floor, weights)
 
 
 def compose_logprobs(
@@ -150,7 +154,8 @@ def apply_eos_policy(
         base, experts: the log-probs (or logits) the composition was made from.
         eos_ids: token ids that end a sequence (a list, or a tensor (E,) on the logits' device).
         policy: `compose` (leave as is: the paper), `base` (EOS scored by the base alone),
-            `any` (max over base and experts), `all` (min over base and experts).
+            `any` (max over base and experts), `all` (min over base and experts), `top` (the first
+            expert of the largest weight; with routing the model passes per-position weights).
 
     Returns:
         fp32 log-probs (..., V), normalised.
@@ -159,19 +164,31 @@ def apply_eos_policy(
     ids = torch.as_tensor(eos_ids, dtype=torch.long, device=composed.device).flatten()  # (E,); no copy when already there
     if EOS_PICKS[policy] is None or ids.numel() == 0:
         return composed
-    return _rescore_eos(composed, base, experts, ids, EOS_PICKS[policy], floor)
+    return _rescore_eos(composed, base, experts, ids, EOS_PICKS[policy], floor, [1.0] * len(experts))
 
 
-# policy -> how EOS is scored from the stacked models' EOS log-probs (k+1, ..., E); None: as composed
-EOS_PICKS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
-    "compose": None, "base": lambda m: m[0], "any": lambda m: m.max(0).values, "all": lambda m: m.min(0).values,
+def _top(models: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """EOS log-probs (..., E) of the expert of the largest weight (the first on a tie) at each position.
+    models: (k+1, ..., E) base first; weights: (k, ..., 1)."""
+    top = weights.argmax(0, keepdim=True).expand(1, *models.shape[1:])  # (1, ..., E)
+    return models[1:].gather(0, top)[0]
+
+
+# policy -> how EOS is scored from the stacked models' EOS log-probs (k+1, ..., E) and the experts' weights (k, ..., 1);
+# None: as composed
+EOS_PICKS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = {
+    "compose": None, "base": lambda m, w: m[0], "any": lambda m, w: m.max(0).values, "all": lambda m, w: m.min(0).values,
+    "top": _top,
 }
 
 
-def _rescore_eos(composed, base, experts, ids: torch.Tensor, pick, floor: float) -> torch.Tensor:
-    """`apply_eos_policy` with its policy resolved to `pick` and its ids a tensor (E,) on the logits' device."""
+def _rescore_eos(composed, base, experts, ids: torch.Tensor, pick, floor: float, weights: Sequence) -> torch.Tensor:
+    """`apply_eos_policy` with its policy resolved to `pick`, its ids a tensor (E,) on the logits' device, and
+    each expert's weight (a float, or a tensor (..., 1) per position)."""
     models = torch.stack([clamped_logprobs(m, floor)[..., ids] for m in (base, *experts)])  # (k+1, ..., E)
-    eos = pick(models)  # (..., E)
+    shape = (*models.shape[1:-1], 1)
+    stacked = torch.stack([torch.as_tensor(w, dtype=torch.float32, device=models.device).expand(shape) for w in weights])  # (k, ..., 1)
+    eos = pick(models, stacked)  # (..., E)
     eos_mass = torch.logsumexp(eos, dim=-1, keepdim=True).clamp(max=-1e-7)  # (..., 1)
     rest = torch.log1p(-eos_mass.exp())  # log of the mass left to non-EOS tokens
     # The other tokens keep their composed ratios and share what EOS leaves: renormalised without EOS

@@ -6,7 +6,7 @@ ranges, and its function, a pure function over clamped log-probs in log space,
     function(lb, experts, weights, masks, **params) -> scores (..., V)   (normalised by the caller)
 
 with lb = log p_b and experts = [log p_i], both (..., V) fp32 and clamped at the floor, weights
-w_i, and masks m_i (bool (V,) or None: where expert i's log-ratio r_i = m_i ⊙ (log p_i − log p_b)
+w_i (floats, or tensors (..., 1) per position under routing: `logitcomp.routing`), and masks m_i (bool (V,) or None: where expert i's log-ratio r_i = m_i ⊙ (log p_i − log p_b)
 applies). With every log-ratio 0 (experts equal to the base, or masked off) every rule gives the
 base, except `plausible`, which gives the base restricted to the plausible tokens.
 
@@ -46,6 +46,7 @@ class Rule:
     formula: str
     function: Callable[..., torch.Tensor]
     params: dict[str, Param] = field(default_factory=dict)
+    nonnegative: bool = False  # the rule takes weights >= 0 only (at least one > 0)
 
     def check(self, params) -> dict[str, float]:
         """Every parameter (defaults filled in) as floats. Raises ValueError naming a bad or unknown one."""
@@ -70,11 +71,11 @@ class Rule:
 RULES: dict[str, Rule] = {}
 
 
-def register(name: str, formula: str, **params: tuple[float, float, float]):
+def register(name: str, formula: str, nonnegative: bool = False, **params: tuple[float, float, float]):
     """Decorator: register `function` as rule `name`; each parameter is (default, low, high)."""
 
     def add(function):
-        RULES[name] = Rule(name, formula, function, {k: Param(*v) for k, v in params.items()})
+        RULES[name] = Rule(name, formula, function, {k: Param(*v) for k, v in params.items()}, nonnegative)
         return function
 
     return add
@@ -154,3 +155,14 @@ def plausible(lb, experts, weights, masks, *, alpha: float):
     keep = (models >= models.amax(-1, keepdim=True) + math.log(alpha)).any(0)  # (..., V)
     # the rest: 1e4 nats below every kept token (finite, unlike -inf, and zero after normalising)
     return torch.where(keep, total, total.amin(-1, keepdim=True) - 1e4)
+
+
+@register("mixture", "p̂ = Σ_i w_i p̃_i / Σ_i w_i,  p̃_i = p_b · exp(r_i)   (a linear mixture of the experts, no base term; "
+          "with routing, Σ π_i p_i: the Bayesian ensemble of Branch-Train-Merge / DEMix)", nonnegative=True)
+def mixture(lb, experts, weights, masks):
+    import torch
+
+    # each term log(w_i / Σ w) + log p̃_i, a zero weight as 1e-30 (no -inf: the caller normalises a finite total)
+    total = torch.as_tensor(sum(weights)).clamp(min=1e-30)
+    terms = [torch.as_tensor(w / total).clamp(min=1e-30).log() + lb + r for w, r in zip(weights, log_ratios(lb, experts, masks))]
+    return torch.logsumexp(torch.stack(torch.broadcast_tensors(*terms)), dim=0)

@@ -34,6 +34,7 @@ class ModelPool:
                                    recipe.trust_remote_code)
         self.lora = [n for n, p in paths.experts.items() if expert_kind(n, p) == "lora"]  # LoRA experts by name
         self._base = self._peft = None
+        self._centroids = {}  # (prompt files, limit) -> routing centroids
 
     def base(self):
         """The base model (loaded at the first call)."""
@@ -55,6 +56,22 @@ class ModelPool:
         model = self.load(f"experts.{name}", self.paths.experts[name])
         check_same_vocabulary(name, self.paths.experts[name], self.paths.base, model, self.base())
         return model
+
+    def centroids(self, files: dict[str, Path], limit: int) -> dict[str, list[float]]:
+        """Expert -> its routing centroid from the first `limit` prompts of its JSONL file (`logitcomp.routing`),
+        computed by the base once per run for each set of files."""
+        from transformers import AutoTokenizer
+
+        from logitcomp.routing import fit_centroids
+
+        key = (tuple(sorted((n, str(p)) for n, p in files.items())), limit)
+        if key not in self._centroids:
+            prompts = {n: read_prompts(f"route.prompts.{n}", Path(p), limit) for n, p in files.items()}
+            tokenizer = AutoTokenizer.from_pretrained(self.paths.base, trust_remote_code=self.recipe.trust_remote_code)
+            peft = self._peft
+            with peft.disable_adapter() if peft is not None else contextlib.nullcontext():
+                self._centroids[key] = fit_centroids(self.base(), tokenizer, prompts, self.recipe.evaluate.batch_size)
+        return self._centroids[key]
 
     def load(self, label: str, path: Path):
         """A model folder loaded with the run's dtype, device and opt-ins (`label` names it in errors)."""
@@ -88,6 +105,27 @@ class ModelPool:
             self._peft = attach_lora(self._peft or self.base(), adapter, path, self.paths.base, self.options)
         except ValueError as exc:
             raise ValueError(f"{label}: {exc}") from None
+
+
+def read_prompts(label: str, path: Path, limit: int) -> list[str]:
+    """The "prompt" strings of the first `limit` lines of a JSONL file. Raises ValueError naming the file and line."""
+    import json
+
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if len(prompts) == limit:
+                break
+            try:
+                prompt = json.loads(line).get("prompt")
+            except (ValueError, AttributeError):
+                prompt = None
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f"{label}: {path} line {number}: expected a JSON object with a non-empty \"prompt\" string")
+            prompts.append(prompt)
+    if not prompts:
+        raise ValueError(f"{label}: {path} holds no prompts")
+    return prompts
 
 
 def build_row(kind: Kind, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:

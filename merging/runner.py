@@ -89,6 +89,9 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     if dry_run:
         echo(f"recipe {recipe.name}: {len(variants)} variants x {len(recipe.evaluate.tasks)} tasks -> {out}")
         for v in variants:
+            if KINDS[v.kind].derives:
+                echo(f"  {v.name:<24} {v.kind:<12} derived from the rows before it")
+                continue
             record, why = (None, None) if force else finished(v, recipe, paths, input_state(v, recipe, paths))
             echo(f"  {v.name:<24} {v.kind:<12} {'done, skipped' if record else 'to run' + (f' ({why})' if why else '')}")
         return None
@@ -129,7 +132,7 @@ def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
     with tempfile.TemporaryDirectory(prefix=".run.partial-lora-cache-", dir=out) if rank == 0 else contextlib.nullcontext() as cache:
         pool = ModelPool(recipe, paths, Path(cache) if cache else None)
         for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant", disable=rank != 0):
-            results[v.name], timings[v.name] = _variant(v, recipe, paths, pool, force, echo, rank)
+            results[v.name], timings[v.name] = _variant(v, recipe, paths, pool, force, echo, rank, results)
     if rank != 0:
         return None
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}
@@ -156,9 +159,13 @@ def finished(v: Variant, recipe: Recipe, paths: ResolvedPaths, inputs: dict) -> 
     return record, None
 
 
-def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo, rank: int) -> tuple[dict, float]:
+def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo, rank: int,
+             results: dict) -> tuple[dict, float]:
     """One row's metrics and seconds: reused from variants/NAME.json while its inputs are unchanged, else
-    evaluated. Rank 0 decides, for every rank (they must run the same rows), and writes."""
+    evaluated (a deriving kind's from `results`, the rows before it). Rank 0 decides, for every rank (they
+    must run the same rows), and writes."""
+    if KINDS[v.kind].derives:  # nothing to evaluate: made from the rows before it, at every run
+        return (KINDS[v.kind].derive(v, results), 0.0) if rank == 0 else (None, None)
     done = inside(paths.output, "variants", f"{v.name}.json")
     inputs = input_state(v, recipe, paths)
     record = None

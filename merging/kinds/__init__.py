@@ -10,6 +10,7 @@ from .experts import ExpertsKind
 from .kind import Kind, Variant
 from .merged import MergedKind
 from .merged_lora import MergedLoraKind
+from .oracle import OracleKind
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     BaseKind(),
@@ -18,6 +19,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     MergedKind(),
     MergedLoraKind(),
     ArrowKind(),
+    OracleKind(),
 )}
 
 __all__ = ["KINDS", "Kind", "Variant"]

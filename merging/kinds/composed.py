@@ -2,6 +2,10 @@
 
 A named row takes any `compose:` option (eos_policy, rule, rule_params, ...) over the recipe's block,
 flat or under `compose:`; it sweeps λ (every expert's weight times λ) or a parameter of its rule.
+With `route:` its experts' weights are gated per position by hidden-state routing (`logitcomp.routing`):
+each expert's centroid from prompts of its skill, by default the `prompts.jsonl` its trainer left in its
+folder (one JSON object with a "prompt" string per line; the first `limit` are read); it then also
+sweeps `tau` or `threshold`.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ from logitcomp.rules import get_rule
 from ..errors import not_a_number
 from .kind import SWEEP_KEY, Kind, Options, Variant
 
-# `compose:` holds CompositionConfig's options; weights live with each expert, tracing is for `generate --trace`
-COMPOSE_KEYS = tuple(f.name for f in fields(CompositionConfig) if f.name not in ("weights", "trace"))
+# `compose:` holds CompositionConfig's options; weights live with each expert, tracing is for `generate --trace`,
+# routing's centroids are computed from a row's `route:` prompts
+COMPOSE_KEYS = tuple(f.name for f in fields(CompositionConfig) if f.name not in ("weights", "trace", "routing"))
+ROUTE_SWEEPS = ("tau", "threshold")
+PROMPTS_FILE = "prompts.jsonl"  # an expert's own routing prompts, in its folder
 
 
 def composition_config(compose: dict, weights: dict | None = None) -> CompositionConfig:
@@ -32,8 +39,18 @@ def composition_config(compose: dict, weights: dict | None = None) -> Compositio
     return CompositionConfig(**compose, weights=dict(weights or {}))
 
 
+class RouteOptions(Options):
+    """Hidden-state routing of a composed row (`logitcomp.routing`)."""
+
+    prompts: dict[str, str] = Field(default_factory=dict)  # expert -> JSONL of prompts (relative to the recipe); default: its prompts.jsonl
+    tau: float = Field(default=0.1, gt=0, le=100, allow_inf_nan=False)
+    threshold: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    limit: int = Field(default=200, ge=1)
+
+
 class ComposedOptions(Options):
     compose: dict[str, Any] = Field(default_factory=dict)
+    route: RouteOptions | None = None
 
 
 class ComposedKind(Kind):
@@ -52,14 +69,32 @@ class ComposedKind(Kind):
         options = {**recipe.compose, **own}
         if "rule" in own and "rule_params" not in own:
             options["rule_params"] = {}  # the recipe's parameters belong to the recipe's rule
+        route = spec.options.route.model_dump() if spec.options.route else None
         if row.swept and row.swept[0] != SWEEP_KEY:
             key, value = row.swept
             rule = get_rule(options["rule"])
-            if key not in rule.params:
-                takes = ", ".join(rule.params) or "no parameters"
+            if route and key in ROUTE_SWEEPS:
+                route[key] = value
+                RouteOptions(**route)  # the swept value in range
+            elif key not in rule.params:
+                takes = ", ".join([*rule.params, *(ROUTE_SWEEPS if route else ())]) or "no parameters"
                 raise ValueError(f"sweep: a composed variant sweeps {SWEEP_KEY} or a parameter of its rule {rule.name} ({takes}), got {key!r}")
-            options["rule_params"] = {**options["rule_params"], key: value}
-        return replace(row, config=composition_config(options, row.weights))
+            else:
+                options["rule_params"] = {**options["rule_params"], key: value}
+        if route:
+            unknown = sorted(set(route["prompts"]) - set(row.experts))
+            if unknown:
+                raise ValueError(f"route.prompts: {unknown[0]!r} is not an expert of this row; its experts are {list(row.experts)}")
+        return replace(row, config=composition_config(options, row.weights), parameters={"route": route} if route else {})
+
+    def check(self, rows: list[Variant], recipe, paths) -> None:
+        for row in rows:
+            for name, path in _prompt_files(row, paths).items():
+                if isinstance(path, str):
+                    continue  # an expert on the hub: its prompts are read once it is fetched
+                if not path.is_file():
+                    raise ValueError(f"variants: {row.family or row.name}: route.prompts.{name}: {path} is not a file "
+                                     f"(a JSONL of {{\"prompt\": ...}} lines; an expert's default is its {PROMPTS_FILE})")
 
     @contextmanager
     def model(self, row: Variant, pool):
@@ -68,4 +103,19 @@ class ComposedKind(Kind):
         peft = pool.peft()
         full = {n: pool.full_expert(n) for n in row.experts if n not in pool.lora}
         sources = {"base": str(pool.paths.base), "full": {n: str(pool.paths.experts[n]) for n in full}}
-        yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(row.experts), full, row.config, sources)
+        config = row.config
+        if row.parameters.get("route"):
+            route = row.parameters["route"]
+            centroids = pool.centroids(_prompt_files(row, pool.paths), route["limit"])
+            config = config.with_routing({"centroids": centroids, "tau": route["tau"], "threshold": route["threshold"]})
+        yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(row.experts), full, config, sources)
+
+
+def _prompt_files(row: Variant, paths) -> dict:
+    """Expert -> the JSONL of its routing prompts (a hub expert's default stays a string until fetched)."""
+    route = row.parameters.get("route")
+    if not route:
+        return {}
+    own = {n: (paths.root / p).resolve() for n, p in route["prompts"].items()}
+    default = lambda n: paths.experts[n] if isinstance(paths.experts[n], str) else paths.experts[n] / PROMPTS_FILE  # noqa: E731
+    return {n: own.get(n) or default(n) for n in row.experts}

@@ -50,6 +50,7 @@ class Kind:
         default: listed in a recipe that names no `variants:`.
         merges: builds a model folder from the experts (`logitcomp merge` builds these rows).
         combines: made from several experts; a named row may name a subset (`experts: [a, b]`).
+        derives: evaluates nothing: `derive` makes its metrics from rows run before it.
     """
 
     name: str = ""
@@ -57,6 +58,7 @@ class Kind:
     default: bool = False
     merges: bool = False
     combines: bool = False
+    derives: bool = False
 
     # ---- recipe -------------------------------------------------------------------------------
     def normalise(self, data: dict) -> dict:
@@ -109,3 +111,7 @@ class Kind:
     def model(self, row: Variant, pool) -> AbstractContextManager:
         """A context holding the row's model, ready for lm-eval, built from the run's ModelPool."""
         raise NotImplementedError
+
+    def derive(self, row: Variant, results: dict) -> dict:
+        """Deriving kinds: the row's metrics {task: metrics} from the metrics of the rows run before it."""
+        raise NotImplementedError(f"{self.name} rows are evaluated, not derived")

@@ -123,7 +123,8 @@ def test_every_rule_is_the_base_when_no_expert_moves_and_keeps_masks(rule):
             _close(got.exp(), _base_kept([BASE, *experts], 0.05).exp(), tol=1e-6)
         else:
             _close(got, BASE)
-    out = compose_logprobs(BASE, [E1, E2, E3], W, rule=rule, rule_params=params)
+    weights = [abs(w) for w in W] if RULES[rule].nonnegative else W  # mixture: weights >= 0 only
+    out = compose_logprobs(BASE, [E1, E2, E3], weights, rule=rule, rule_params=params)
     assert torch.isfinite(out).all() and (torch.logsumexp(out, -1).abs() <= 1e-5).all()
 
 

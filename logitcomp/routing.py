@@ -1,0 +1,117 @@
+"""Hidden-state routing: each expert's weight at each position scaled by a posterior over the experts,
+from evidence the experts' training prompts leave in the base model, training-free and without task labels
+at inference.
+
+    h̄_t   = mean of h_s over the tokens s ≤ t of the row (padding left out)    h_s: the base's last hidden state
+    s_i,t = cos(h̄_t − μ, c_i − μ)                                              c_i: expert i's centroid, μ = mean_i c_i
+    π_t   = softmax_i(s_i,t / τ)
+    g_i,t = π_i,t / max_j π_j,t   where π_i,t ≥ θ · max_j π_j,t, else 0
+
+and the composition rule runs with weights w_i · g_i,t. A centroid is the mean h̄ (at the last token) of
+prompts of the expert's skill, e.g. a sample of its training prompts (`fit_centroids`). Centring on μ
+removes the direction every prompt shares (mean-pooled hidden states are all close in cosine).
+
+Reductions: all posteriors equal → every g = 1 → the rule with its fixed weights; one expert certain
+(π = e_j) → only expert j applies (with the product rule and w_j = 1, exactly expert j). θ = 1 keeps
+only the top expert at each position. The running mean is causal, so scoring a sequence in one forward
+and decoding it token by token through the cache give the same gates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+RouteState = tuple[torch.Tensor, torch.Tensor]  # (sum of hidden states (B, d), token count (B, 1)) of a row's tokens so far
+
+
+class Router(torch.nn.Module):
+    """The gates of `CompositionConfig.routing` (centroids in the composition's expert order), on the model's device."""
+
+    def __init__(self, centroids: torch.Tensor, tau: float, threshold: float):
+        super().__init__()
+        self.tau, self.threshold = tau, threshold
+        centre = centroids.mean(0)  # (d,)
+        # (k, d) unit directions of the centred centroids; a zero direction (a single expert) scores 0
+        self.register_buffer("directions", F.normalize(centroids - centre, dim=-1), persistent=False)
+        self.register_buffer("centre", centre, persistent=False)
+
+    @classmethod
+    def from_config(cls, routing: dict, experts: list[str], dtype=torch.float32) -> Router:
+        centroids = torch.tensor([routing["centroids"][e] for e in experts], dtype=dtype)  # (k, d)
+        return cls(centroids, routing["tau"], routing["threshold"])
+
+    def posterior(self, means: torch.Tensor) -> torch.Tensor:
+        """π (..., k) from mean hidden states (..., d)."""
+        x = F.normalize(means.to(self.centre.dtype) - self.centre, dim=-1)  # (..., d)
+        return torch.softmax(x @ self.directions.T / self.tau, dim=-1)  # (..., k)
+
+    def gates(self, means: torch.Tensor) -> torch.Tensor:
+        """g (..., k) from mean hidden states (..., d): each posterior over the top one, 0 below the threshold."""
+        pi = self.posterior(means)  # (..., k)
+        top = pi.amax(-1, keepdim=True)  # (..., 1)
+        return torch.where(pi >= self.threshold * top, pi / top, torch.zeros_like(pi)).float()
+
+
+def running_means(hidden: torch.Tensor, mask: torch.Tensor | None, state: RouteState | None) -> tuple[torch.Tensor, RouteState]:
+    """The mean hidden state over each row's tokens so far at every new position, and the state to continue from.
+
+    Args:
+        hidden: (B, T, d) the new positions' last hidden states.
+        mask: (B, T) 1 on real tokens, 0 on padding (None: all real).
+        state: the previous positions' (sum (B, d), count (B, 1)), None at a row's start.
+    """
+    hidden = hidden.float()
+    real = torch.ones(hidden.shape[:2], device=hidden.device) if mask is None else mask.to(hidden.device, torch.float32)  # (B, T)
+    sums = torch.cumsum(hidden * real.unsqueeze(-1), dim=1)  # (B, T, d)
+    counts = torch.cumsum(real, dim=1).unsqueeze(-1)  # (B, T, 1)
+    if state is not None:
+        sums, counts = sums + state[0].unsqueeze(1), counts + state[1].unsqueeze(1)
+    means = sums / counts.clamp(min=1.0)  # (B, T, d); a row of padding only so far: 0
+    return means, (sums[:, -1], counts[:, -1])
+
+
+def last_hidden(output) -> torch.Tensor:
+    """The last hidden states (N, T, d) of a transformers forward called with `output_hidden_states=True`."""
+    return output.hidden_states[-1]
+
+
+@torch.no_grad()
+def prompt_means(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) -> torch.Tensor:
+    """Each prompt's mean last hidden state over its tokens (n, d) fp32, from `model` (the base: call it
+    with the adapters disabled), batched with right padding (id 0 under a zero mask: no pad token needed)."""
+    encoded = [tokenizer(p)["input_ids"] for p in prompts]
+    if not encoded or not all(encoded):
+        raise ValueError("prompts: expected at least one prompt, each of at least one token")
+    out = []
+    device = next(model.parameters()).device
+    for start in range(0, len(encoded), batch_size):
+        rows = encoded[start:start + batch_size]
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device)  # (b, T)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)  # (b, T)
+        hidden = last_hidden(model(input_ids=ids, attention_mask=mask, output_hidden_states=True))
+        means, _ = running_means(hidden, mask, None)  # (b, T, d)
+        out.append(means[torch.arange(len(mask)), mask.sum(-1) - 1])  # (b, d): the mean at each row's last token
+    return torch.cat(out)
+
+
+def fit_centroids(model, tokenizer, prompts: dict[str, list[str]], batch_size: int = 8) -> dict[str, list[float]]:
+    """Expert name -> its centroid (the mean of `prompt_means` over its prompts), as `routing.centroids` takes it."""
+    return {name: prompt_means(model, tokenizer, texts, batch_size).mean(0).tolist() for name, texts in prompts.items()}
+
+
+def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float = 0.1, threshold: float = 0.0,
+                batch_size: int = 8) -> None:
+    """Route `composed` (a `ComposedModelForCausalLM`) by hidden-state centroids of these prompts (expert name
+    -> prompts of its skill, every composed expert), computed by its base with the adapters disabled; sets its
+    `composition.routing` (saved with it by `save_pretrained`)."""
+    from contextlib import nullcontext
+
+    from peft import PeftModel
+
+    with composed.model.disable_adapter() if isinstance(composed.model, PeftModel) else nullcontext():
+        centroids = fit_centroids(composed._hf_model, tokenizer, prompts, batch_size)
+    composed.composition = composed.composition.with_routing({"centroids": centroids, "tau": tau, "threshold": threshold})

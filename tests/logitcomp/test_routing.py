@@ -1,0 +1,185 @@
+"""Hidden-state routing (logitcomp/routing.py), the mixture rule and the `top` EOS policy: against hand
+computations in float64, their reductions (equal posteriors: the fixed-weight rule; one expert certain:
+that expert), and the routed model against separately loaded models with the gates computed by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from logitcomp import ComposedModelForCausalLM, CompositionConfig, compose_logprobs, fit_routing
+from logitcomp.ops import Composer, apply_eos_policy
+from logitcomp.routing import Router, running_means
+from reference import merged_expert, row_logprobs
+
+V = 11
+ROUTE_PROMPTS = {"a": ["ABAB>", "AAB>BA", "BAAB>"], "b": ["PQRS>", "SRQP>P", "QQ>RS"]}
+PROMPTS = ["ABBA>", "PRQ>SQRP", "AQ>"]  # different lengths: left padding
+
+
+def _logp(*shape, seed):
+    return torch.log_softmax(torch.randn(*shape, V, generator=torch.Generator().manual_seed(seed)).double() * 3, -1)
+
+
+def _close(a, b, tol=1e-6):
+    assert (a.double() - b.double()).abs().max() <= tol, (a.double() - b.double()).abs().max()
+
+
+def _hand_gates(means, centroids, tau, threshold):
+    """g_i = π_i / max π where π_i ≥ θ max π, π = softmax(cos(h − μ, c_i − μ) / τ), one position at a time."""
+    centre = sum(centroids) / len(centroids)
+    out = []
+    for h in means:
+        cos = torch.stack([torch.dot(h - centre, c - centre) / ((h - centre).norm() * (c - centre).norm()) for c in centroids])
+        pi = torch.exp(cos / tau) / torch.exp(cos / tau).sum()
+        out.append(torch.where(pi >= threshold * pi.max(), pi / pi.max(), torch.zeros_like(pi)))
+    return torch.stack(out)
+
+
+def test_gates_are_the_documented_formula():
+    gen = torch.Generator().manual_seed(0)
+    centroids, means = torch.randn(3, 5, generator=gen).double(), torch.randn(7, 5, generator=gen).double()
+    for tau, threshold in ((0.5, 0.0), (0.05, 0.3), (2.0, 1.0)):
+        router = Router(centroids, tau, threshold).double()
+        _close(router.gates(means), _hand_gates(means, list(centroids), tau, threshold))
+        assert (router.gates(means).amax(-1) == 1).all()  # the top expert always keeps its weight
+    assert (Router(centroids, 0.1, 1.0).double().gates(means).sum(-1) == 1).all()  # θ = 1: the top one alone
+
+
+def test_running_means_leave_out_padding_and_continue_from_a_state():
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 5, 3, generator=gen).double()
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    means, (sums, counts) = running_means(hidden, mask, None)
+    _close(means[0, 3], hidden[0, 2:4].mean(0).float())
+    _close(means[1, 4], hidden[1].mean(0).float())
+    assert means[0, :2].abs().max() == 0 and counts.flatten().tolist() == [3, 5]
+    head, state = running_means(hidden[:, :2], mask[:, :2], None)
+    tail, _ = running_means(hidden[:, 2:], mask[:, 2:], state)
+    _close(torch.cat([head, tail], 1), means)
+
+
+@pytest.mark.parametrize("rule", ["product", "mixture", "tempered"])
+def test_equal_posteriors_give_the_fixed_weight_rule_and_a_certain_one_gives_that_expert(rule):
+    base, e1, e2 = _logp(2, 3, seed=0), _logp(2, 3, seed=1), _logp(2, 3, seed=2)
+    weights = [1.0, 1.0]
+    composer = Composer.build(weights, rule=rule)
+    fixed = compose_logprobs(base, [e1, e2], weights, rule=rule)
+    _close(composer(base, [e1, e2], gates=torch.ones(2, 3, 2)), fixed, tol=1e-5)
+    # identical centroids: every cosine 0, π uniform, every gate 1
+    router = Router(torch.ones(2, 4), tau=0.1, threshold=0.5)
+    _close(router.gates(torch.randn(2, 3, 4)), torch.ones(2, 3, 2))
+    _close(composer(base, [e1, e2], gates=torch.tensor([0.0, 1.0]).expand(2, 3, 2)), e2, tol=1e-5)
+    # one expert certain: τ small, the mean on its centroid
+    centroids = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    assert Router(centroids, tau=1e-3, threshold=0.01).gates(torch.tensor([[0.0, 2.0, 0.0]])).tolist() == [[0.0, 1.0]]
+
+
+def test_mixture_rule_is_the_weighted_average_of_probabilities():
+    base, e1, e2, e3 = (_logp(4, seed=s) for s in range(4))
+    weights = [0.2, 1.0, 0.5]
+    want = torch.log((0.2 * e1.exp() + 1.0 * e2.exp() + 0.5 * e3.exp()) / 1.7)
+    _close(compose_logprobs(base, [e1, e2, e3], weights, rule="mixture"), want, tol=1e-5)
+    with pytest.raises(ValueError, match=r"weights: the mixture rule takes weights >= 0"):
+        compose_logprobs(base, [e1, e2], [1.0, -0.5], rule="mixture")
+
+
+def test_top_eos_policy_scores_eos_by_the_expert_of_the_largest_weight():
+    base, e1, e2 = _logp(2, seed=3), _logp(2, seed=4), _logp(2, seed=5)
+    composed = compose_logprobs(base, [e1, e2])
+    got = apply_eos_policy(composed, base, [e1, e2], [0, 3], "top")
+    _close(got[:, [0, 3]], e1[:, [0, 3]])  # equal weights: the first expert
+    # routed: per-position weights pick the second expert on row 1
+    gates = torch.tensor([[1.0, 0.5], [0.2, 1.0]])
+    routed = Composer.build([1.0, 1.0], eos_policy="top")(base.float(), [e1.float(), e2.float()], eos_ids=torch.tensor([0, 3]), gates=gates)
+    _close(routed[0, [0, 3]], e1[0, [0, 3]], tol=1e-5)
+    _close(routed[1, [0, 3]], e2[1, [0, 3]], tol=1e-5)
+    _close(torch.logsumexp(routed, -1), torch.zeros(2), tol=1e-5)
+
+
+def test_routing_is_validated_by_key_and_expert():
+    good = {"centroids": {"a": [1.0, 0.0], "b": [0.0, 1.0]}}
+    assert CompositionConfig(routing=good).routing == {**good, "tau": 0.1, "threshold": 0.0}
+    for routing, message in (({"centroids": {"a": [1.0], "b": [1.0, 2.0]}}, r"routing\.centroids\['b'\]: 2 numbers, the other centroids 1"),
+                             ({**good, "tau": 0}, r"routing\.tau: expected a number in \(0, 100\]"),
+                             ({**good, "threshold": 2}, r"routing\.threshold: expected a number in \[0, 1\]"),
+                             ({**good, "temperature": 1}, r"routing: unknown key 'temperature'"),
+                             ({"centroids": {"a": [float("nan")]}}, r"routing\.centroids\['a'\]: expected a non-empty list of finite numbers")):
+        with pytest.raises(ValueError, match=message):
+            CompositionConfig(routing=routing)
+    with pytest.raises(ValueError, match=r"routing\.centroids: expected one centroid per composed expert \['a', 'c'\]; 'c'"):
+        CompositionConfig(routing=good).check_experts(["a", "c"])
+
+
+# ---- the routed model against separately loaded models ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world(tiny):
+    tok = AutoTokenizer.from_pretrained(tiny.base)
+    base = AutoModelForCausalLM.from_pretrained(tiny.base).eval()
+    experts = {n: merged_expert(tiny.base, tiny.adapters[n]) for n in ("a", "b")}
+    return tok, base, experts
+
+
+@torch.no_grad()
+def _base_hidden(base, ids):
+    return base(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0].double()  # (T, d)
+
+
+def _hand_centroid(base, tok, prompts):
+    return torch.stack([_base_hidden(base, tok(p)["input_ids"]).mean(0) for p in prompts]).mean(0)
+
+
+def _routed(tiny, tok, tau=0.05, threshold=0.2):
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, {n: tiny.adapters[n] for n in ("a", "b")}, {"a": 1.0, "b": 0.8})
+    fit_routing(composed, tok, ROUTE_PROMPTS, tau=tau, threshold=threshold, batch_size=2)
+    return composed
+
+
+def test_routed_forward_matches_separate_models_with_hand_gates(tiny, world):
+    tok, base, experts = world
+    composed = _routed(tiny, tok)
+    centroids = [_hand_centroid(base, tok, ROUTE_PROMPTS[n]) for n in ("a", "b")]
+    _close(torch.tensor(composed.composition.routing["centroids"]["a"]), centroids[0], tol=1e-5)
+    batch = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad():
+        out = composed(**batch, output_trace=True)
+    worst, seen = 0.0, set()
+    for row, mask in enumerate(batch.attention_mask):
+        ids = batch.input_ids[row][mask.bool()].tolist()
+        hidden = _base_hidden(base, ids)
+        means = hidden.cumsum(0) / torch.arange(1, len(ids) + 1).unsqueeze(-1)  # (T, d)
+        gates = _hand_gates(means, centroids, 0.05, 0.2)  # (T, 2)
+        lb = row_logprobs(base, ids)
+        total = lb + sum(w * gates[:, i:i + 1] * (row_logprobs(experts[n], ids) - lb) for i, (n, w) in enumerate((("a", 1.0), ("b", 0.8))))
+        want = torch.log_softmax(total, -1)
+        worst = max(worst, (out.logits[row, -len(ids):].double() - want).abs().max().item())
+        _close(out.trace.gates[row, -len(ids):], gates, tol=1e-4)
+        seen.add(int(gates[-1].argmax()))
+    assert worst <= 1e-4, f"max abs diff {worst:.2e}"
+    assert seen == {0, 1}, "the prompts were meant to route to both experts"
+
+
+def test_routed_decoding_and_chunked_scoring_give_the_one_forward_numbers(tiny, world, tmp_path):
+    tok, _, _ = world
+    composed = _routed(tiny, tok)
+    batch = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    out = composed.generate(**batch, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                            pad_token_id=tok.pad_token_id, eos_token_id=None)
+    mask = torch.cat([batch.attention_mask, torch.ones(len(PROMPTS), 6, dtype=torch.long)], 1)
+    with torch.no_grad():
+        whole = composed(out.sequences, attention_mask=mask).logits  # (B, T + 6, V)
+    steps = torch.stack(out.logits, 1)  # (B, 6, V): the composed log-probs of each decoding step
+    _close(steps, whole[:, -7:-1], tol=1e-4)
+    composed.scoring_budget = 2 * 3 * len(PROMPTS) * whole.shape[-1]  # two positions per forward
+    with torch.no_grad():
+        _close(composed(out.sequences, attention_mask=mask).logits, whole, tol=1e-4)
+    composed.save_pretrained(tmp_path / "routed")
+    assert json.loads((tmp_path / "routed" / "composition.json").read_text())["composition"]["routing"]["tau"] == 0.05
+    again = ComposedModelForCausalLM.from_pretrained(tmp_path / "routed")
+    with torch.no_grad():
+        _close(again(out.sequences, attention_mask=mask).logits, whole, tol=1e-5)

@@ -1,0 +1,92 @@
+"""Routed composed rows (`route:`) and the `oracle` row of recipes: planned, refused by name, and run on the
+tiny world with numbers equal to separately built models (the routed composition through `fit_routing`;
+the oracle: each task's own expert's row)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from merging.plan import plan
+from merging.recipe import Recipe
+
+TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
+PROMPTS = {"a": ["ABAB>", "AAB>BA", "BAAB>"], "b": ["PQRS>", "SRQP>P", "QQ>RS"]}
+
+
+def _write_prompts(path: Path, prompts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return path
+
+
+def _recipe(variants, **changes) -> Recipe:
+    data = {"name": "r", "base": "b", "experts": {"a": "a", "b": "b"}, "evaluate": {"tasks": ["val", "test"]}, "output": "o",
+            "variants": variants, **changes}
+    return Recipe.model_validate(data)
+
+
+def test_routed_rows_sweep_tau_and_threshold_and_the_oracle_takes_its_experts_rows():
+    rows = {r.name: r for r in plan(_recipe(["base", "experts",
+                                             {"name": "rt", "kind": "composed", "route": {"tau": 0.2}, "sweep": {"threshold": [0.0, 0.5]}},
+                                             {"name": "o", "kind": "oracle", "tasks": {"val": "a", "test": "base"}}]))}
+    assert rows["rt[threshold=0.5]"].parameters["route"] == {"prompts": {}, "tau": 0.2, "threshold": 0.5, "limit": 200}
+    assert rows["rt[threshold=0.5]"].config.routing is None  # centroids are computed when the row's model is built
+    assert rows["o"].parameters == {"tasks": {"val": "a", "test": "base"}}
+    from merging.kinds import KINDS
+    results = {"a": {"val": {"acc": 0.7}, "test": {"acc": 0.1}}, "base": {"val": {"acc": 0.2}, "test": {"acc": 0.3}}}
+    assert KINDS["oracle"].derive(rows["o"], results) == {"val": {"acc": 0.7}, "test": {"acc": 0.3}}
+
+
+@pytest.mark.parametrize(("variants", "message"), [
+    ([{"name": "o", "kind": "oracle", "tasks": {"val": "a"}}, "experts"], r"an oracle row takes its scores from the 'experts' rows"),
+    (["experts", {"name": "o", "kind": "oracle", "tasks": {"val": "base"}}], r"from the 'base' rows: list base before it"),
+    (["experts", {"name": "o", "kind": "oracle", "tasks": {"nope": "a"}}], r"tasks: 'nope' is not a task of evaluate\.tasks"),
+    (["experts", {"name": "o", "kind": "oracle", "tasks": {"val": "c"}}], r"tasks\.val: expected an expert \(a, b\) or 'base', got 'c'"),
+    ([{"name": "c", "kind": "composed", "sweep": {"tau": [0.1]}}], r"sweeps lambda or a parameter of its rule product \(no parameters\), got 'tau'"),
+    ([{"name": "c", "kind": "composed", "route": {"tau": 0.1}, "sweep": {"tau": [0.0]}}], r"tau"),
+    ([{"name": "c", "kind": "composed", "experts": ["a"], "route": {"prompts": {"b": "p.jsonl"}}}],
+     r"route\.prompts: 'b' is not an expert of this row"),
+])
+def test_bad_routed_and_oracle_rows_are_refused_by_name(variants, message):
+    with pytest.raises(ValueError, match=message):
+        plan(_recipe(variants))
+
+
+def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tmp_path):
+    from transformers import AutoTokenizer
+
+    from common import bits_per_byte
+    from logitcomp import ComposedModelForCausalLM, fit_routing
+    from merging.cli import main
+    from merging.runner import run_recipe
+
+    b = shutil.copytree(tiny.adapters["b"], tmp_path / "b")
+    _write_prompts(b / "prompts.jsonl", PROMPTS["b"])  # b's own prompts: the default
+    a_prompts = _write_prompts(tmp_path / "a_prompts.jsonl", PROMPTS["a"] + ["never read: past the limit"])
+    recipe = {"name": "routed", "base": str(tiny.base), "experts": {"a": str(tiny.adapters["a"]), "b": str(b)},
+              "evaluate": {"tasks": ["smol_text", "toy_a2b_c2d"], "include_path": str(TASKS), "limit": 4, "batch_size": 4},
+              "variants": ["base", "experts",
+                           {"name": "rt", "kind": "composed", "route": {"prompts": {"a": "a_prompts.jsonl"}, "limit": 3, "threshold": 0.3},
+                            "sweep": {"tau": [0.05, 5.0]}},
+                           {"name": "oracle", "kind": "oracle", "tasks": {"smol_text": "a", "toy_a2b_c2d": "b"}}],
+              "output": "out"}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    results = run_recipe(path, echo=lambda *_: None)
+    assert results["oracle"] == {"smol_text": results["a"]["smol_text"], "toy_a2b_c2d": results["b"]["toy_a2b_c2d"]}
+    tok = AutoTokenizer.from_pretrained(tiny.base)
+    for tau in (0.05, 5.0):
+        composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"], "b": b})
+        fit_routing(composed, tok, PROMPTS, tau=tau, threshold=0.3)
+        got = results[f"rt[tau={tau:g}]"]["smol_text"]["bits_per_byte,none"]
+        assert math.isclose(got, bits_per_byte(composed, tok), rel_tol=1e-5), (tau, got)
+    assert results["rt[tau=0.05]"]["smol_text"] != results["rt[tau=5]"]["smol_text"]  # τ changes the model
+    assert "oracle" in (tmp_path / "out" / "report.md").read_text()
+
+    (b / "prompts.jsonl").unlink()  # a default prompts file that is not there: refused before any model loads
+    assert main(["validate", str(path)]) == 2
