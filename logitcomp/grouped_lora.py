@@ -9,8 +9,9 @@ s_i · (x A_iᵀ) B_iᵀ are added on their own blocks by one pair of `torch.bmm
 peft stays the loader and the exactness reference. The A/B matrices are stacked (zero-padded to
 the largest rank, scale folded into B) when a composition is built, a few percent of the base's
 size, and restacked (`LoraStack.layers`) whenever the adapters' weights are no longer those stacked:
-after `model.to(dtype/device)`, an in-place edit, a reloaded adapter or a changed scale. Routing is
-active only inside `with grouped_lora(...)`.
+after `model.to(dtype/device)`, an in-place edit, a reloaded adapter or a changed scale. A LoRA layer
+that left the model (merge_and_unload, unload) is refused at the next forward. Routing is active only
+inside `with grouped_lora(...)`.
 """
 
 from __future__ import annotations
@@ -97,12 +98,21 @@ class LoraStack:
 
     def _stack(self) -> None:
         self._layers = collect_lora_layers(self.model, self.adapters)
+        where = {id(m): name for name, m in self.model.named_modules()}
+        self._paths = [where[id(layer)] for layer, _ in self._layers]  # where each LoRA layer sits in the model
         self._held = [[a for a in self.adapters if a in layer.lora_A] for layer, _ in self._layers]  # per layer
         self._state = self._current_state()
 
     def _current_state(self) -> tuple:
         state = []
-        for (layer, _), names in zip(self._layers, self._held):
+        for (layer, _), path, names in zip(self._layers, self._paths, self._held):
+            try:
+                still = self.model.get_submodule(path) is layer
+            except AttributeError:
+                still = False
+            if not still:  # merge_and_unload(), unload() or a replaced module: the composition's experts are gone
+                raise ValueError(f"module {path}: the peft model's LoRA layers were replaced after composing (merge_and_unload, "
+                                 "unload or a swapped module); compose the experts again")
             state.append(tuple(layer.merged_adapters))
             for name in names:
                 if name not in layer.lora_A:

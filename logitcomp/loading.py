@@ -33,6 +33,23 @@ class LoadOptions:
     trust_remote_code: bool = False
     device_map: str | dict | None = None  # accelerate's placement ("auto": across the GPUs, then the CPU)
 
+    @classmethod
+    def of(cls, *, dtype=None, device=None, allow_pickle: bool = False, trust_remote_code: bool = False, torch_dtype=None,
+           device_map=None, local_files_only: bool = False) -> LoadOptions:
+        """The loading keywords `from_experts` and `from_pretrained` take (`torch_dtype`: transformers' older name of
+        `dtype`; `local_files_only`: every folder here is local). Raises ValueError on a contradiction."""
+        if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+            raise ValueError(f"dtype: got dtype={dtype} and torch_dtype={torch_dtype}; pass one")
+        if device_map is not None and device is not None:
+            raise ValueError(f"device: pass device={device!r} or device_map, not both")
+        return cls(dtype if dtype is not None else torch_dtype, device, allow_pickle, trust_remote_code, device_map)
+
+
+def refuse_unknown(method: str, kwargs: dict) -> None:
+    """Raise TypeError naming the first keyword a composed model's `method` does not take."""
+    if kwargs:
+        raise TypeError(f"{method}: unsupported argument {next(iter(kwargs))!r} for a composed model")
+
 
 def load_model(label: str, path: Path, options: LoadOptions):
     """A causal LM from a folder, safetensors unless `allow_pickle`."""

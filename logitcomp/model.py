@@ -23,7 +23,7 @@ from . import persistence
 from .config import CompositionConfig
 from .grouped_lora import LoraStack, grouped_lora
 from .head import fast_head
-from .loading import LoadOptions
+from .loading import LoadOptions, refuse_unknown
 from .ops import Composer, entropy, kl_divergence
 from .routing import Router, last_hidden, running_means
 
@@ -236,7 +236,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             output_trace: also return a `CompositionTrace` (default: the composition's `trace`).
             labels: (B, T) token ids (-100: ignored); `loss` is the composed mean NLL, shifted as in transformers.
         """
-        _refuse_unknown("forward", {k: v for k, v in kwargs.items() if k not in GENERATE_ONLY})
+        refuse_unknown("forward", {k: v for k, v in kwargs.items() if k not in GENERATE_ONLY})
         for name, wanted in (("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states)):
             if wanted:  # generate passes them as False/None; a composition has no single set of them
                 raise ValueError(f"{name}: not available from a composed model; call the base or an expert directly")
@@ -406,17 +406,20 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
 
     # ---- persistence (logitcomp/persistence.py) -----------------------------------------------
     def save_pretrained(self, save_directory, **kwargs) -> Path:
-        """Write `composition.json` and the LoRA adapters into a folder (see `persistence.save`)."""
-        _refuse_unknown("save_pretrained", kwargs)
-        return persistence.save(self, save_directory)
+        """Write the composition folder: `composition.json`, the LoRA adapters, and what makes it a transformers
+        model folder (config.json, the base's tokenizer, the generation config). transformers' keywords
+        (`is_main_process`, `max_shard_size`, `push_to_hub` with `repo_id`, ...) as `persistence.save_pretrained` says."""
+        return persistence.save_pretrained(self, save_directory, **kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """Upload the composition folder to the hub repo `repo_id` (`persistence.push_to_hub`)."""
+        return persistence.push_to_hub(self, repo_id, **kwargs)
 
     @classmethod
-    def from_pretrained(cls, directory, *, dtype=None, device=None, allow_pickle: bool = False,
-                        trust_remote_code: bool = False, torch_dtype=None, **kwargs) -> ComposedModelForCausalLM:
-        """Restore a composition written by `save_pretrained` (`torch_dtype` is transformers' older name of `dtype`)."""
-        _refuse_unknown("from_pretrained", kwargs)
-        dtype = _dtype(dtype, torch_dtype)
-        return persistence.load(cls, directory, LoadOptions(dtype, device, allow_pickle, trust_remote_code))
+    def from_pretrained(cls, directory, **kwargs) -> ComposedModelForCausalLM:
+        """Restore a composition written by `save_pretrained`, directly or through `AutoModelForCausalLM`, with
+        `from_experts`' loading keywords (`dtype`, `device`, `device_map`, ...; `persistence.from_pretrained`)."""
+        return persistence.from_pretrained(cls, directory, **kwargs)
 
     @classmethod
     def from_experts(cls, base_path, experts: dict, weights: dict | None = None, *, config: CompositionConfig | None = None,
@@ -434,16 +437,9 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 module -> device), as in transformers; each LoRA expert's rows run on the device of
                 the layer they update. Full-model experts are placed the same way.
         """
-        if device_map is not None and device is not None:
-            raise ValueError(f"device: pass device={device!r} or device_map, not both")
-        options = LoadOptions(_dtype(dtype, torch_dtype), device, allow_pickle, trust_remote_code, device_map)
+        options = LoadOptions.of(dtype=dtype, device=device, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                                 torch_dtype=torch_dtype, device_map=device_map)
         return persistence.from_experts(cls, base_path, experts, weights, config, options)
-
-
-def _dtype(dtype, torch_dtype):
-    if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
-        raise ValueError(f"dtype: got dtype={dtype} and torch_dtype={torch_dtype}; pass one")
-    return dtype if dtype is not None else torch_dtype
 
 
 def _compile_options(compile: bool, kwargs: dict) -> dict:
@@ -455,11 +451,6 @@ def _compile_options(compile: bool, kwargs: dict) -> dict:
     config = copy.deepcopy(kwargs.get("compile_config") or CompileConfig())
     config._compile_all_devices = True
     return {"cache_implementation": "static", **kwargs, "compile_config": config}
-
-
-def _refuse_unknown(method: str, kwargs: dict) -> None:
-    if kwargs:
-        raise TypeError(f"{method}: unsupported argument {next(iter(kwargs))!r} for a composed model")
 
 
 def compose(peft_model, experts: dict[str, float] | list[str], config: CompositionConfig | None = None) -> ComposedModelForCausalLM:

@@ -2,22 +2,33 @@
 
 A saved composition is a folder whose `composition.json` names the base, the experts and every
 composition option, like peft's `adapter_config.json` names its base. LoRA adapters are copied
-in; the base and full-model experts are referenced by absolute path (they can be gigabytes).
-The model class is passed in (`cls`) so that this module does not import it.
+in; the base and full-model experts are referenced by path (they can be gigabytes): the base relative
+to the folder (so a folder moved with its base still opens) and absolute (so one moved alone does too).
+Beside it, what makes the folder a transformers model folder: `config.json` (`hf_config.ComposedConfig`),
+the base's tokenizer files and the generation config. The model class is passed in (`cls`) so that this
+module does not import it.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from .config import CompositionConfig
+from .hf_config import MODEL_TYPE, ComposedConfig
 from .inputs import check_name, resolve
 from .io import atomic_dir, atomic_write_bytes
-from .loading import LoadOptions, attach_lora, check_same_vocabulary, load_model, save_adapter
+from .loading import LoadOptions, attach_lora, check_same_vocabulary, load_model, refuse_unknown, save_adapter
 
 FORMAT = "logitcomp.composition/1"
+PUSH_KEYWORDS = ("repo_id", "private", "commit_message", "commit_description", "revision", "create_pr")  # save_pretrained(push_to_hub=True)
+# transformers' loading keywords that say where a hub folder comes from (what AutoModelForCausalLM passes on): the folder is local
+HUB_KEYWORDS = ("cache_dir", "force_download", "proxies", "revision", "token", "subfolder", "adapter_kwargs", "_from_auto", "low_cpu_mem_usage")
+# transformers' loading keywords that callers such as lm-eval pass at their default None: accepted as that, refused otherwise
+UNSET_KEYWORDS = ("gguf_file", "quantization_config", "max_memory", "offload_folder", "attn_implementation", "tp_plan", "use_safetensors")
 
 
 def from_experts(cls, base_path, experts: dict, weights: dict | None, config: CompositionConfig | None, options: LoadOptions):
@@ -61,6 +72,9 @@ def save(composed, save_directory) -> Path:
         check_name(name)
     if (out / "experts").exists() and not (out / "composition.json").is_file():
         raise ValueError(f"{out}: holds an experts/ folder that no composition wrote; choose another folder")
+    config_file = out / "config.json"
+    if config_file.is_file() and _model_type(config_file) != MODEL_TYPE:
+        raise ValueError(f"{config_file}: the config.json of another model ({_model_type(config_file)!r}); choose another folder")
     experts = {}
     with atomic_dir(out / "experts") as tmp:
         for name in composed.experts:
@@ -69,9 +83,98 @@ def save(composed, save_directory) -> Path:
                 continue
             save_adapter(composed.model, name, tmp / name)
             experts[name] = {"kind": "lora", "path": f"experts/{name}"}
-    meta = {"format": FORMAT, "base": str(Path(base).resolve()), "experts": experts, "composition": composed.composition.to_dict()}
+    _save_tokenizer_and_generation_config(composed, Path(base), out)
+    base = Path(base).resolve()
+    meta = {"format": FORMAT, "base": os.path.relpath(base, out), "base_absolute": str(base), "experts": experts,
+            "composition": composed.composition.to_dict()}
+    hf = ComposedConfig(base=meta["base"], experts=experts, composition=meta["composition"], architectures=["ComposedModelForCausalLM"])
+    atomic_write_bytes(config_file, hf.to_json_string().encode())
     atomic_write_bytes(out / "composition.json", (json.dumps(meta, indent=2) + "\n").encode())
     return out
+
+
+def save_pretrained(composed, save_directory, is_main_process: bool = True, push_to_hub: bool = False, max_shard_size="50GB",
+                    token=None, safe_serialization: bool = True, state_dict=None, variant=None, save_peft_format: bool = True,
+                    **kwargs) -> Path:
+    """`save` with transformers' `save_pretrained` keywords: `is_main_process=False` writes nothing; `max_shard_size`
+    is accepted (adapters are written whole); `push_to_hub=True` uploads the folder once written (`repo_id`, default the
+    folder's name, `private`, `commit_message`, `commit_description`, `revision`, `create_pr`, with `token`). Refused by
+    name before anything is written: `state_dict`, `variant`, `safe_serialization=False` (safetensors only),
+    `save_peft_format=False`, push keywords without `push_to_hub`, and any other keyword."""
+    push_options = {k: kwargs.pop(k) for k in PUSH_KEYWORDS if k in kwargs}
+    refuse_unknown("save_pretrained", kwargs)
+    for name, value, allowed in (("state_dict", state_dict, None), ("variant", variant, None), ("safe_serialization", safe_serialization, True),
+                                 ("save_peft_format", save_peft_format, True)):
+        if value is not allowed:
+            raise ValueError(f"{name}: a composition folder is written as peft adapters in safetensors; {name}={value!r} is not supported")
+    if push_options and not push_to_hub:
+        raise ValueError(f"{next(iter(push_options))}: a push keyword needs push_to_hub=True")
+    if not is_main_process:
+        return Path(save_directory)
+    out = save(composed, save_directory)
+    if push_to_hub:
+        push(out, push_options.pop("repo_id", out.name), token, **push_options)
+    return out
+
+
+def push_to_hub(composed, repo_id: str, *, commit_message=None, commit_description=None, private=None, token=None, revision=None,
+                create_pr: bool = False, max_shard_size="50GB", tags=None) -> str:
+    """transformers' `push_to_hub`: the composition written into a temporary folder, then `push`ed. Returns the commit's URL."""
+    if tags is not None:
+        raise ValueError("tags: a composition's model card is not written; push without tags")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = save(composed, Path(tmp) / repo_id.split("/")[-1])
+        return push(out, repo_id, token, commit_message=commit_message, commit_description=commit_description, private=private,
+                    revision=revision, create_pr=create_pr)
+
+
+def from_pretrained(cls, directory, *, config=None, **kwargs):
+    """`load` with `from_experts`' loading keywords (`LoadOptions.of`) and what `AutoModelForCausalLM` passes on: its
+    hub keywords (accepted: the folder is local; `subfolder` must be empty) and `config`, the folder's own ComposedConfig."""
+    hub = {k: kwargs.pop(k) for k in HUB_KEYWORDS if k in kwargs}
+    if hub.get("subfolder"):
+        raise ValueError(f"subfolder: a composition folder is opened as a whole, got {hub['subfolder']!r}")
+    if config is not None and not isinstance(config, ComposedConfig):
+        raise ValueError(f"config: expected the composition folder's own ComposedConfig, got {type(config).__name__}")
+    for key in UNSET_KEYWORDS:
+        if kwargs.get(key, None) is not None:
+            raise ValueError(f"{key}: not supported when opening a composition folder (got {kwargs[key]!r})")
+        kwargs.pop(key, None)
+    loading = {k: kwargs.pop(k) for k in ("dtype", "device", "allow_pickle", "trust_remote_code", "torch_dtype", "device_map",
+                                          "local_files_only") if k in kwargs}
+    refuse_unknown("from_pretrained", kwargs)
+    return load(cls, directory, LoadOptions.of(**loading))
+
+
+def push(folder: Path, repo_id: str, token=None, *, private=None, commit_message=None, commit_description=None, revision=None,
+         create_pr: bool = False) -> str:
+    """Upload a written composition folder to the hub repo `repo_id` (created if needed, after the folder is complete).
+    Returns the commit's URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    commit = api.upload_folder(folder_path=folder, repo_id=repo_id, commit_message=commit_message or "Upload composition",
+                               commit_description=commit_description, revision=revision, create_pr=create_pr)
+    return str(commit)
+
+
+def _model_type(config_file: Path):
+    try:
+        return json.loads(config_file.read_text()).get("model_type")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _save_tokenizer_and_generation_config(composed, base: Path, out: Path) -> None:
+    """The base's tokenizer files and the composition's generation config, each file moved in atomically."""
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix=".partial-", dir=out) as tmp:
+        AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+        composed.generation_config.save_pretrained(tmp)
+        for name in os.listdir(tmp):
+            os.replace(Path(tmp) / name, out / name)
 
 
 def load(cls, directory, options: LoadOptions):
@@ -88,4 +191,7 @@ def load(cls, directory, options: LoadOptions):
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: format {meta.get('format')!r} is not {FORMAT!r}")
     paths = {n: (directory / e["path"]) if e["kind"] == "lora" else Path(e["path"]) for n, e in meta["experts"].items()}
-    return from_experts(cls, meta["base"], paths, None, CompositionConfig(**meta["composition"]), options)
+    base = (directory / meta["base"]).resolve()  # relative to the folder (an absolute path stays as it is)
+    if not base.is_dir() and meta.get("base_absolute"):
+        base = Path(meta["base_absolute"])  # the folder was moved without its base
+    return from_experts(cls, base, paths, None, CompositionConfig(**meta["composition"]), options)

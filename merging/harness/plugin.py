@@ -12,13 +12,10 @@ placeholder there; registering an equal placeholder twice is a no-op in lm-eval'
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
+from logitcomp.hooks import after_import
 
 MODEL_NAME = "logitcomp"
 TARGET = "merging.harness.model:LogitcompLM"
-_WATCHED = "lm_eval.models"
 
 
 def register() -> None:
@@ -27,33 +24,5 @@ def register() -> None:
     model_registry.register(MODEL_NAME, target=TARGET)
 
 
-class _RegisteringLoader(importlib.abc.Loader):
-    """Runs the real loader of `lm_eval.models`, then registers the placeholder."""
-
-    def __init__(self, loader: importlib.abc.Loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        register()
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _WATCHED:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _RegisteringLoader(spec.loader)
-        return spec
-
-
 def install() -> None:
-    if _WATCHED in sys.modules:
-        register()
-    elif not any(isinstance(finder, _Finder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    after_import("lm_eval.models", register)

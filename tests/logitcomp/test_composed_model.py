@@ -193,6 +193,24 @@ def test_compose_from_peft_model_leaves_it_untouched(tiny, refs, tok):
         compose(peft_model, ["a", "zz"])
 
 
+@pytest.mark.parametrize("change", ["merge_and_unload", "unload"])
+def test_a_peft_model_whose_lora_layers_left_after_composing_is_refused_at_the_next_forward(tiny, tok, change):
+    """Issue 29.5: merge_and_unload()/unload() on the composed PeftModel replaced its LoRA layers by plain ones and
+    the composition silently became the base with one adapter merged (or none)."""
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny.base), tiny.adapters["a"], adapter_name="a")
+    peft_model.load_adapter(tiny.adapters["b"], adapter_name="b")
+    composed = compose(peft_model, ["a", "b"])
+    x = torch.tensor([tok("ABCAB>CC").input_ids])
+    with torch.no_grad():
+        composed(x)
+        getattr(peft_model, change)()
+        with pytest.raises(ValueError, match=r"^module base_model\.model\.model\.layers\.0\.self_attn\.q_proj: the peft model's LoRA "
+                                             r"layers were replaced after composing \(merge_and_unload, unload"):
+            composed(x)
+        with pytest.raises(ValueError, match=r"LoRA layers were replaced after composing"):
+            composed.generate(x, max_new_tokens=2)
+
+
 def test_masks_apply_each_ratio_on_its_tokens_only(tiny, refs, tok):
     mask_ids = [5, 6, 7, 8]
     config = CompositionConfig(masks={"a": mask_ids})
@@ -246,7 +264,9 @@ def test_save_and_load_round_trip(tiny, tok, tmp_path):
     composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "b", "full"]), config=config)
     saved = composed.save_pretrained(tmp_path / "comp")
     meta = json.loads((saved / "composition.json").read_text())
-    assert meta["base"] == str(tiny.base.resolve())
+    # the base relative to the folder (a folder moved with its base opens) and absolute (one moved alone opens)
+    assert (saved / meta["base"]).resolve() == tiny.base.resolve() and not Path(meta["base"]).is_absolute()
+    assert meta["base_absolute"] == str(tiny.base.resolve())
     assert meta["experts"]["a"] == {"kind": "lora", "path": "experts/a"}
     assert meta["experts"]["full"] == {"kind": "full", "path": str(tiny.full_expert.resolve())}
     assert meta["composition"] == config.to_dict()
@@ -321,12 +341,12 @@ def test_unknown_keyword_arguments_are_refused_by_name(tiny, tmp_path):
         composed(x, colour="blue")
     with pytest.raises(ValueError, match=r"output_hidden_states: not available from a composed model"):
         composed(x, output_hidden_states=True)
-    with pytest.raises(TypeError, match=r"save_pretrained: unsupported argument 'push_to_hub'"):
-        composed.save_pretrained(tmp_path / "c", push_to_hub=True)
+    with pytest.raises(TypeError, match=r"save_pretrained: unsupported argument 'colour'"):
+        composed.save_pretrained(tmp_path / "c", colour="blue")
     assert not (tmp_path / "c").exists()
     composed.save_pretrained(tmp_path / "c")
-    with pytest.raises(TypeError, match=r"from_pretrained: unsupported argument 'revision'"):
-        ComposedModelForCausalLM.from_pretrained(tmp_path / "c", revision="main")
+    with pytest.raises(TypeError, match=r"from_pretrained: unsupported argument 'colour'"):
+        ComposedModelForCausalLM.from_pretrained(tmp_path / "c", colour="blue")
 
 
 def test_save_writes_beside_existing_files_and_deletes_nothing_it_did_not_write(tiny, tok, tmp_path):
@@ -339,13 +359,16 @@ def test_save_writes_beside_existing_files_and_deletes_nothing_it_did_not_write(
     (target / "keep.txt").write_text("mine")
     composed.save_pretrained(target)
     composed.save_pretrained(target)  # again: replaces only its own files
-    assert sorted(p.name for p in target.iterdir()) == ["composition.json", "experts", "keep.txt"]
+    written = {p.name for p in target.iterdir()} - {"keep.txt"}
+    tokenizer = {n for n in written if n.startswith(("tokenizer", "special_tokens"))}
+    assert written - tokenizer == {"composition.json", "config.json", "experts", "generation_config.json"} and tokenizer
     assert (target / "keep.txt").read_text() == "mine"
     assert torch.equal(ComposedModelForCausalLM.from_pretrained(target)(x).logits, composed(x).logits)
-    base_copy = Path(shutil.copytree(tiny.base, tmp_path / "base_copy"))  # saving into a model folder keeps the model
+    base_copy = Path(shutil.copytree(tiny.base, tmp_path / "base_copy"))  # a model folder is refused, untouched
     before = {p.name: p.read_bytes() for p in base_copy.iterdir()}
-    composed.save_pretrained(base_copy)
-    assert all((base_copy / name).read_bytes() == data for name, data in before.items())
+    with pytest.raises(ValueError, match=r"config\.json: the config\.json of another model \('llama'\); choose another folder"):
+        composed.save_pretrained(base_copy)
+    assert {p.name: p.read_bytes() for p in base_copy.iterdir()} == before
     world = tmp_path / "world"  # an experts/ folder no composition wrote (a toy world) is refused, untouched
     (world / "experts" / "a2b").mkdir(parents=True)
     (world / "experts" / "a2b" / "adapter_config.json").write_text("{}")
@@ -437,7 +460,7 @@ def test_a_base_loaded_by_a_relative_path_is_saved_as_that_folder(tiny, tmp_path
     composed = compose(model, ["a"])
     monkeypatch.chdir(tmp_path)
     saved = composed.save_pretrained("saved")
-    assert json.loads((saved / "composition.json").read_text())["base"] == str(tiny.base.resolve())
+    assert json.loads((saved / "composition.json").read_text())["base_absolute"] == str(tiny.base.resolve())
 
 
 @pytest.mark.parametrize(("rule", "params", "policy"), [("activity", {"gamma": 2.0}, "any"), ("union", {}, "base"),

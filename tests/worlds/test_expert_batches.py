@@ -67,3 +67,22 @@ def test_a_formats_content_is_fed_unscored_and_trained_toward_the_base(tmp_path)
     assert kl > 1e-3  # the adapter moves the model: the term is not zero
     loss = train_loop(model, lambda: (inputs, labels, mask, like_base), steps=1, lr=0.0, desc="t")
     assert abs(loss - (ce + kl).item()) < 1e-5, (loss, ce.item(), kl.item())
+
+
+def test_an_expert_folder_gets_a_seeded_sample_of_its_distinct_training_prompts(tmp_path):
+    """prompts.jsonl (what routed compositions fit their centroids on): distinct training prompts, at most
+    ROUTE_PROMPTS, the same sample for the same seed, readable by the recipe side's reader."""
+    from merging.pool import read_prompts
+    from merging.worlds.smol.train import ROUTE_PROMPTS, write_prompts
+
+    pairs = [(f"Question: {i % 300}?\nAnswer:", f" {i}") for i in range(900)]  # 300 distinct prompts, each three times
+    write_prompts(tmp_path / "a.jsonl", pairs, "0:math")
+    write_prompts(tmp_path / "b.jsonl", list(reversed(pairs)), "0:math")
+    prompts = read_prompts("p", tmp_path / "a.jsonl", 10_000)
+    assert len(prompts) == len(set(prompts)) == ROUTE_PROMPTS and set(prompts) <= {p for p, _ in pairs}
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()  # the pairs' order does not matter
+    write_prompts(tmp_path / "c.jsonl", pairs[:5], "0:math")
+    assert read_prompts("p", tmp_path / "c.jsonl", 10_000) != [] and len(read_prompts("p", tmp_path / "c.jsonl", 10_000)) == 5
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n[1]\n')
+    with pytest.raises(ValueError, match=r"^route\.prompts\.m: .*bad\.jsonl line 2: expected a JSON object with a non-empty \"prompt\" string$"):
+        read_prompts("route.prompts.m", tmp_path / "bad.jsonl", 10)
