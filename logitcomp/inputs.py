@@ -113,9 +113,10 @@ def _base_shapes(base_dir: Path, stamp: tuple) -> dict[str, tuple[int, ...]]:
     return weightfiles.shapes("base", base_dir)
 
 
-def check_adapter_fits(label: str, adapter_dir: Path, base_dir: Path) -> None:
+def check_adapter_fits(label: str, adapter_dir: Path, base_dir: Path, fan_in_fan_out: bool = False) -> None:
     """Refuse LoRA factors whose shapes do not fit the base weights they update (read from the headers).
-    A module whose weight the base files do not name as peft does (renamed checkpoints) is left to the load."""
+    A module whose weight the base files do not name as peft does (renamed checkpoints) is left to the load.
+    `fan_in_fan_out`: the base stores the weights it updates as (in, out) (GPT-2's Conv1D), B·A fits their transpose."""
     files = sorted(Path(base_dir).glob("*.safetensors"))
     base = _base_shapes(Path(base_dir), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
     adapter = weightfiles.shapes(label, adapter_dir)
@@ -126,6 +127,7 @@ def check_adapter_fits(label: str, adapter_dir: Path, base_dir: Path) -> None:
         b_shape, w_shape = adapter[key.replace(".lora_A.", ".lora_B.")], base.get(f"{module}.weight")
         if w_shape is None or len(w_shape) != 2:
             continue
+        w_shape = tuple(reversed(w_shape)) if fan_in_fan_out else tuple(w_shape)  # (out, in)
         if (b_shape[0], a_shape[1]) != w_shape or b_shape[1] != a_shape[0]:
             raise ValueError(f"{label}: {adapter_dir} does not fit the base {base_dir}: {module} is {w_shape[0]}x{w_shape[1]}, "
                              f"the adapter's B·A is {b_shape[0]}x{b_shape[1]} · {a_shape[0]}x{a_shape[1]}")
@@ -170,7 +172,7 @@ def check_expert(name: str, path, base: Path | None, weight: float = 1.0, allow_
         weightfiles.check_finite(label, path)  # adapters are small: NaN/inf is refused before any model loads
         if base is not None:
             check_adapter_base(name, path, base, config)
-            check_adapter_fits(label, path, base)
+            check_adapter_fits(label, path, base, bool(config.get("fan_in_fan_out")))
     elif base is not None:
         theirs, ours = vocab_size(label, path), vocab_size("base", base)
         if theirs != ours:

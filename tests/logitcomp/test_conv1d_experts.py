@@ -1,0 +1,63 @@
+"""GPT-2-style LoRA experts (Conv1D layers, `fan_in_fan_out=True`) through every folder path (issue 29.4):
+from_experts, a saved folder, merge-as-LoRA and mergekit's task arithmetic, each against models merged
+separately by peft (`merge_and_unload`) and the rule applied by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+import bridge
+from common import make_tokenizer
+from logitcomp import ComposedModelForCausalLM
+from reference import hand_compose, merged_expert, row_logprobs
+
+IDS = [1, 40, 41, 42, 45, 41, 40, 50]
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpt2")
+    tok = make_tokenizer()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=16, n_layer=2, n_head=2,
+                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    experts = {}
+    for i, targets in enumerate((["c_attn"], ["c_proj", "c_fc"])):
+        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(root / "base"),
+                              LoraConfig(r=2, lora_alpha=4, target_modules=targets, fan_in_fan_out=True, lora_dropout=0.0))
+        gen = torch.Generator().manual_seed(i + 1)
+        with torch.no_grad():
+            for name, p in peft.named_parameters():
+                if "lora_" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        peft.save_pretrained(root / f"e{i}")
+        experts[f"e{i}"] = root / f"e{i}"
+    return root / "base", experts
+
+
+@torch.no_grad()
+def test_conv1d_experts_compose_save_and_merge_exactly(gpt2, tmp_path):
+    base, experts = gpt2
+    composed = ComposedModelForCausalLM.from_experts(base, experts, {"e0": 1.0, "e1": 0.5})
+    ref = hand_compose(row_logprobs(AutoModelForCausalLM.from_pretrained(base).eval(), IDS),
+                       [row_logprobs(merged_expert(base, experts[n]), IDS) for n in ("e0", "e1")], [1.0, 0.5])
+    x = torch.tensor([IDS])
+    assert (composed(x).logits[0].double() - ref).abs().max() <= 1e-4
+    reloaded = ComposedModelForCausalLM.from_pretrained(composed.save_pretrained(tmp_path / "comp"))
+    assert torch.equal(reloaded(x).logits, composed(x).logits)
+    # task arithmetic with weights 1: both deltas added to the base, by peft, one after the other
+    both = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), experts["e0"]).merge_and_unload()
+    both = PeftModel.from_pretrained(both, experts["e1"]).merge_and_unload().eval()
+    want = row_logprobs(both, IDS)
+    lora = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), bridge.merge_as_lora(base, experts, tmp_path / "lora")).eval()
+    assert (row_logprobs(lora, IDS) - want).abs().max() <= 1e-4
+    merged = AutoModelForCausalLM.from_pretrained(bridge.task_arithmetic(base, experts, tmp_path / "ta")).eval()
+    assert (row_logprobs(merged, IDS) - want).abs().max() <= 1e-4
