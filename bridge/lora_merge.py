@@ -3,7 +3,9 @@
 peft's `add_weighted_adapter(combination_type="cat")` concatenates ranks: A = [w_i s_i A_i],
 B = [B_i], so ΔW = Σ_i w_i s_i B_i A_i exactly (rank Σ r_i). It copies the first adapter's
 config for the result; when that one uses rsLoRA the result's scale would be sqrt(Σr) instead of 1,
-so the scale is reset here (the scales are already folded into A).
+so the scale is reset here (the scales are already folded into A). peft unites the experts' target
+modules and cannot unite a list with a regex, so each expert's target set is first written out as the
+full names of the modules it holds LoRA on (what it targeted, whichever way it was written).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def merge_as_lora(base, experts: dict, out_dir, weights: dict | None = None) -> 
     model = PeftModel.from_pretrained(model, resolved[0].path, adapter_name=resolved[0].name)
     for e in resolved[1:]:
         model.load_adapter(e.path, adapter_name=e.name)
+    for e in resolved:  # explicit module names: a list and a regex unite exactly
+        model.peft_config[e.name].target_modules = {name for name, module in model.base_model.model.named_modules()
+                                                    if isinstance(module, LoraLayer) and e.name in module.lora_A}
     model.add_weighted_adapter([e.name for e in resolved], [e.weight for e in resolved], MERGED, combination_type="cat")
     model.peft_config[MERGED].use_rslora = False
     for module in model.modules():

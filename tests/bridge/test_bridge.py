@@ -333,3 +333,14 @@ def test_lora_merge_cache_lives_beside_the_output_not_in_tmp(tiny, tmp_path, mon
     out = bridge.task_arithmetic(tiny.base, tiny.adapters, tmp_path / "models" / "merged", WEIGHTS)
     assert seen == [out.parent]
     assert sorted(p.name for p in out.parent.iterdir()) == ["merged"]
+
+
+def test_merge_as_lora_unites_a_list_and_a_regex_of_target_modules_exactly(tiny, tmp_path):
+    """Issue 29.7: an expert targeting a list and one targeting a regex raised peft's own error."""
+    regex = make_tiny_lora(tiny.base, tmp_path / "regex", seed=5, r=2, lora_alpha=4, target_modules=r".*layers\.1\.mlp\.(up|down)_proj")
+    experts = {"a": tiny.adapters["a"], "re": regex}
+    out = bridge.merge_as_lora(tiny.base, experts, tmp_path / "lora", {"a": 0.5, "re": 1.5})
+    state = dict(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny.base), out).merge_and_unload().state_dict())
+    want = hand_task_arithmetic(tiny.base, experts, {"a": 0.5, "re": 1.5})
+    assert _max_diff(state, want) <= 1e-5
+    assert not torch.equal(want["model.layers.1.mlp.up_proj.weight"], load_file(tiny.base / "model.safetensors")["model.layers.1.mlp.up_proj.weight"])
