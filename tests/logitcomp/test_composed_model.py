@@ -512,3 +512,31 @@ def test_device_map_and_per_step_constants_follow_the_model(tiny, tok, monkeypat
     assert dict(placed.named_buffers())["mask_0"].dtype == torch.bool  # bool buffers keep their dtype
     with pytest.raises(ValueError, match="pass device='cpu' or device_map, not both"):
         ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), device="cpu", device_map="auto")
+
+
+def test_non_finite_logits_of_a_wrapped_model_are_refused_by_name_and_position_not_at_padding(tiny, tok):
+    """Issue 29.6: NaN logits were clamped to the floor and came out as a uniform distribution, silently."""
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "b"]))
+    batch = _left_padded(tok, ["ABCAB>CC", "B>"])  # row 1 is left-padded
+    spoil = {}
+
+    def hook(module, args, output):  # the grouped rows [base | a | b]: spoil expert b's row `spoil["row"]` at one position
+        if spoil:
+            output.logits[2 * 2 + spoil["row"], spoil["column"], spoil["token"]] = spoil["value"]
+        return output
+
+    handle = composed._hf_model.register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            spoil.update(row=0, column=3, token=7, value=float("nan"))
+            with pytest.raises(ValueError, match=r"^expert 'b': its logits hold NaN or \+inf at token 7 at row 0, position 3; check"):
+                composed(**batch)
+            spoil.update(row=1, column=0, token=7, value=float("inf"))  # row 1's column 0 is padding: not checked
+            composed(**batch)
+            spoil.update(row=1, column=batch.input_ids.shape[1] - 1, value=float("inf"))
+            with pytest.raises(ValueError, match=r"^expert 'b': .* at row 1, position 8"):
+                composed(**batch)
+            spoil.update(row=0, column=2, token=4, value=float("-inf"))  # one token ruled out: a distribution still
+            composed(**batch)
+    finally:
+        handle.remove()
