@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -40,6 +41,9 @@ def from_experts(cls, base_path, experts: dict, weights: dict | None, config: Co
     config = copy.deepcopy(config or CompositionConfig())
     if weights is not None:
         config = config.with_weights(weights)
+    hub_id = base_path if _is_hub_id(base_path) else None
+    if hub_id:  # a hub id: its snapshot in the hub cache (downloaded unless offline)
+        base_path = _snapshot(hub_id)
     base_path, checked = resolve(base_path, experts, config.weights, allow_pickle=options.allow_pickle)
     model = load_model("base", base_path, options)
     full, full_paths = {}, {}
@@ -50,7 +54,22 @@ def from_experts(cls, base_path, experts: dict, weights: dict | None, config: Co
             full[e.name] = load_model(f"expert {e.name!r}", e.path, options)
             check_same_vocabulary(e.name, e.path, base_path, full[e.name], model)
             full_paths[e.name] = str(e.path)
-    return cls(model, [e.name for e in checked], full, config, {"base": str(base_path), "full": full_paths})
+    sources = {"base": str(base_path), "full": full_paths, **({"base_id": hub_id} if hub_id else {})}
+    return cls(model, [e.name for e in checked], full, config, sources)
+
+
+def _is_hub_id(ref) -> bool:
+    """A hub model id (`org/name`) that is no local path."""
+    return isinstance(ref, str) and not Path(ref).expanduser().exists() and bool(re.fullmatch(r"[\w.-]+/[\w.-]+", ref))
+
+
+def _snapshot(hub_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+    except Exception as exc:  # offline and not cached, gated, missing: one line naming the id
+        raise ValueError(f"base: cannot fetch {hub_id} from the hub ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def save(composed, save_directory) -> Path:
@@ -85,7 +104,8 @@ def save(composed, save_directory) -> Path:
             experts[name] = {"kind": "lora", "path": f"experts/{name}"}
     _save_tokenizer_and_generation_config(composed, Path(base), out)
     base = Path(base).resolve()
-    meta = {"format": FORMAT, "base": os.path.relpath(base, out), "base_absolute": str(base), "experts": experts,
+    # a hub base is kept as its id; a local one relative to the folder, and absolute
+    meta = {"format": FORMAT, "base": composed.sources.get("base_id") or os.path.relpath(base, out), "base_absolute": str(base), "experts": experts,
             "composition": composed.composition.to_dict()}
     hf = ComposedConfig(base=meta["base"], experts=experts, composition=meta["composition"], architectures=["ComposedModelForCausalLM"])
     atomic_write_bytes(config_file, hf.to_json_string().encode())
@@ -192,6 +212,8 @@ def load(cls, directory, options: LoadOptions):
         raise ValueError(f"{path}: format {meta.get('format')!r} is not {FORMAT!r}")
     paths = {n: (directory / e["path"]) if e["kind"] == "lora" else Path(e["path"]) for n, e in meta["experts"].items()}
     base = (directory / meta["base"]).resolve()  # relative to the folder (an absolute path stays as it is)
-    if not base.is_dir() and meta.get("base_absolute"):
+    if _is_hub_id(meta["base"]) and not base.is_dir():
+        base = meta["base"]  # a hub id, resolved through the hub cache
+    elif not base.is_dir() and meta.get("base_absolute"):
         base = Path(meta["base_absolute"])  # the folder was moved without its base
     return from_experts(cls, base, paths, None, CompositionConfig(**meta["composition"]), options)

@@ -115,3 +115,25 @@ def test_save_pretrained_and_push_to_hub_take_transformers_keywords(tiny, folder
     calls.clear()
     assert composed.push_to_hub("me/comp2", commit_message="hi") == "https://hub/commit/1"
     assert calls[1][1] == "me/comp2" and calls[1][3]["commit_message"] == "hi" and "config.json" in calls[1][2]
+
+
+def test_a_hub_id_base_is_kept_as_its_id_and_resolved_through_the_hub_cache(tiny, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    asked = []
+
+    def snapshot(repo_id, **kwargs):  # the hub cache, mocked: one cached repo
+        asked.append(repo_id)
+        if repo_id != "org/tiny":
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache and offline")
+        return str(tiny.base)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    composed = ComposedModelForCausalLM.from_experts("org/tiny", {"a": tiny.adapters["a"]})
+    saved = composed.save_pretrained(tmp_path / "comp")
+    assert json.loads((saved / "composition.json").read_text())["base"] == "org/tiny"
+    assert AutoConfig.from_pretrained(saved).base == "org/tiny"
+    loaded = ComposedModelForCausalLM.from_pretrained(saved)
+    assert asked == ["org/tiny", "org/tiny"] and loaded.sources["base_id"] == "org/tiny"
+    with pytest.raises(ValueError, match=r"^base: cannot fetch org/nope from the hub \(LocalEntryNotFoundError: not in the cache"):
+        ComposedModelForCausalLM.from_experts("org/nope", {"a": tiny.adapters["a"]})
