@@ -61,3 +61,25 @@ def test_conv1d_experts_compose_save_and_merge_exactly(gpt2, tmp_path):
     assert (row_logprobs(lora, IDS) - want).abs().max() <= 1e-4
     merged = AutoModelForCausalLM.from_pretrained(bridge.task_arithmetic(base, experts, tmp_path / "ta")).eval()
     assert (row_logprobs(merged, IDS) - want).abs().max() <= 1e-4
+
+
+def test_conv1d_experts_run_through_a_recipe_and_lm_eval(gpt2, tmp_path):
+    """The recipe path (checks, pool, lm-eval's `logitcomp` model, merge-as-LoRA) on the same experts."""
+    import math
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from common import TASKS, bits_per_byte
+    from merging.runner import run_recipe
+
+    base, experts = gpt2
+    recipe = {"name": "gpt2", "base": str(base), "experts": {n: str(p) for n, p in experts.items()},
+              "evaluate": {"tasks": ["smol_text"], "include_path": str(TASKS), "limit": 4, "batch_size": 4},
+              "variants": ["composed", "merged_lora"], "output": "out"}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    results = run_recipe(tmp_path / "recipe.yaml", echo=lambda *_: None)
+    tok = AutoTokenizer.from_pretrained(base)
+    lora = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), bridge.merge_as_lora(base, experts, tmp_path / "ref_lora"))
+    for row, model in (("composed", ComposedModelForCausalLM.from_experts(base, experts)), ("merged_lora", lora)):
+        assert math.isclose(results[row]["smol_text"]["bits_per_byte,none"], bits_per_byte(model, tok), rel_tol=1e-5), row
