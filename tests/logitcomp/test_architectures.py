@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import (AutoModelForCausalLM, Gemma2Config, GPT2Config, LlamaConfig, MistralConfig, Phi3Config,
                           Qwen2Config)
 
 import logitcomp  # noqa: F401  (registers composition folders with the Auto classes)
-from common import make_tokenizer
+from common import make_tiny_lora, make_tokenizer
 from logitcomp import ComposedModelForCausalLM
 from reference import hand_compose, merged_expert, row_logprobs
 
@@ -41,17 +40,8 @@ def _world(root, arch):
             p.normal_(0.0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
     model.save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    experts = {}
-    for i, modules in enumerate(targets):
-        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(root / "base"),
-                              LoraConfig(r=2, lora_alpha=4, target_modules=modules, lora_dropout=0.0, fan_in_fan_out=arch == "gpt2"))
-        gen = torch.Generator().manual_seed(i + 1)
-        with torch.no_grad():
-            for name, p in peft.named_parameters():
-                if "lora_" in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-        peft.save_pretrained(root / f"e{i}")
-        experts[f"e{i}"] = root / f"e{i}"
+    experts = {f"e{i}": make_tiny_lora(root / "base", root / f"e{i}", seed=i + 1, r=2, lora_alpha=4, target_modules=modules,
+                                       fan_in_fan_out=arch == "gpt2") for i, modules in enumerate(targets)}
     return root / "base", experts
 
 

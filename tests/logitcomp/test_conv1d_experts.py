@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 import bridge
-from common import make_tokenizer
+from common import make_tiny_lora, make_tokenizer
 from logitcomp import ComposedModelForCausalLM
 from reference import hand_compose, merged_expert, row_logprobs
 
@@ -29,17 +29,8 @@ def gpt2(tmp_path_factory):
             p.normal_(0.0, 0.5) if p.dim() > 1 else p.uniform_(0.5, 1.5)
     model.save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    experts = {}
-    for i, targets in enumerate((["c_attn"], ["c_proj", "c_fc"])):
-        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(root / "base"),
-                              LoraConfig(r=2, lora_alpha=4, target_modules=targets, fan_in_fan_out=True, lora_dropout=0.0))
-        gen = torch.Generator().manual_seed(i + 1)
-        with torch.no_grad():
-            for name, p in peft.named_parameters():
-                if "lora_" in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-        peft.save_pretrained(root / f"e{i}")
-        experts[f"e{i}"] = root / f"e{i}"
+    experts = {f"e{i}": make_tiny_lora(root / "base", root / f"e{i}", seed=i + 1, r=2, lora_alpha=4, target_modules=targets,
+                                       fan_in_fan_out=True) for i, targets in enumerate((["c_attn"], ["c_proj", "c_fc"]))}
     return root / "base", experts
 
 
