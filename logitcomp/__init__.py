@@ -27,7 +27,8 @@ after_import("transformers.models.auto.modeling_auto", _register_model)
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".config": ("CompositionConfig",),
-    ".model": ("ComposedCache", "ComposedCausalLMOutput", "ComposedModelForCausalLM", "CompositionTrace", "compose"),
+    ".model": ("ComposedModelForCausalLM", "compose"),
+    ".outputs": ("ComposedCache", "ComposedCausalLMOutput", "CompositionTrace"),
     ".ops": ("apply_eos_policy", "clamped_logprobs", "compose_logprobs", "entropy", "kl_divergence"),
     ".routing": ("fit_routing",),
 })

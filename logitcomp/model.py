@@ -11,78 +11,25 @@ from __future__ import annotations
 import copy
 import logging
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from peft import PeftModel
-from transformers import CompileConfig, DynamicCache, GenerationMixin, PreTrainedModel, StaticCache
-from transformers.utils import ModelOutput
+from transformers import CompileConfig, GenerationMixin, PreTrainedModel
 
 from . import persistence
 from .config import CompositionConfig
 from .grouped_lora import LoraStack, grouped_lora
 from .head import fast_head
 from .loading import LoadOptions, refuse_unknown
-from .ops import Composer, entropy, kl_divergence
+from .ops import Composer, check_logits, entropy, kl_divergence
+from .outputs import ComposedCache, ComposedCausalLMOutput, CompositionTrace
 from .routing import Router, last_hidden, running_means
 
 log = logging.getLogger(__name__)
 SCORING_BUDGET = 1 << 27  # elements (512 MiB of fp32 logits) of the k + 1 models' logits in one scoring forward
 # transformers' generate hands its own arguments on to every forward call (models take **kwargs)
 GENERATE_ONLY = frozenset({"tokenizer", "assistant_tokenizer", "assistant_model", "streamer"})
-
-
-class ComposedCache:
-    """KV caches of one composition: the grouped rows' cache and one per full-model expert.
-
-    Dynamic by default; with `max_cache_len` every cache is a transformers `StaticCache` of that many
-    positions (fixed shapes: what `torch.compile` and CUDA graphs need), made by
-    `generate(..., cache_implementation="static")`.
-    """
-
-    def __init__(self, full_experts: dict[str, PreTrainedModel], base_config=None, max_cache_len: int | None = None):
-        self.is_compileable = max_cache_len is not None
-        if self.is_compileable:
-            self.rows = StaticCache(config=base_config, max_cache_len=max_cache_len)
-            self.full = {name: StaticCache(config=m.config, max_cache_len=max_cache_len) for name, m in full_experts.items()}
-        else:
-            self.rows = DynamicCache()
-            self.full = {name: DynamicCache() for name in full_experts}
-        self.route = None  # routing: (sum, count) of the base's hidden states over each row's tokens so far
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.rows.get_seq_length(layer_idx)
-
-    @property
-    def is_linear(self) -> list[bool]:
-        """Per layer of the rows' cache: a linear-attention (recurrent) layer; `generate` reads it at prefill."""
-        return self.rows.is_linear
-
-
-@dataclass
-class CompositionTrace:
-    """Per position: each expert's activity KL(p_i ‖ p_b), the composed entropy (nats) and, with routing,
-    each expert's gate (`logitcomp.routing`)."""
-
-    experts: list[str]
-    kl: torch.Tensor  # (B, T, k)
-    entropy: torch.Tensor  # (B, T)
-    gates: torch.Tensor | None = None  # (B, T, k)
-
-    def to_dict(self) -> dict:
-        gates = {} if self.gates is None else {"gates": self.gates.tolist()}
-        return {"experts": self.experts, "kl": self.kl.tolist(), "entropy": self.entropy.tolist(), **gates}
-
-
-@dataclass
-class ComposedCausalLMOutput(ModelOutput):
-    """`logits` are the composed, normalised log-probs (B, T, V); `loss` their mean NLL of `labels`."""
-
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    cache: ComposedCache | None = None
-    trace: CompositionTrace | None = None
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -299,7 +246,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 logits_to_keep=logits_to_keep,
             ).logits  # (B, T', V)
         experts = [by_name[e] for e in self.experts]
-        _check_logits(["the base", *(f"expert {e!r}" for e in self.experts)], [grouped[0], *experts], past + length - grouped.shape[2],
+        check_logits(["the base", *(f"expert {e!r}" for e in self.experts)], [grouped[0], *experts], past + length - grouped.shape[2],
                       attention_mask)
         return self._compose(grouped[0], experts, cache, output_trace, gates)
 
@@ -454,24 +401,6 @@ def _compile_options(compile: bool, kwargs: dict) -> dict:
     config = copy.deepcopy(kwargs.get("compile_config") or CompileConfig())
     config._compile_all_devices = True
     return {"cache_implementation": "static", **kwargs, "compile_config": config}
-
-
-def _check_logits(names: list[str], logits: list[torch.Tensor], first: int, mask: torch.Tensor | None) -> None:
-    """Raise ValueError naming the first model whose logits (B, T', V) hold NaN or +inf, or only −inf, at a real
-    (unpadded) position: a broken model or dtype, never clamped into a distribution. Names the row, the position
-    (`first`: the position of column 0) and the token. A −inf logit beside finite ones is a token the model rules
-    out (clamped at the floor, as the paper's rule does). Padding (mask 0) is not checked: models may return NaN
-    there (Gemma 2 in float64). One (B, T') reduction per model and one host sync."""
-    tops = [x.amax(-1) for x in logits]  # (B, T'): NaN and +inf propagate; only −inf gives −inf
-    bad = [~torch.isfinite(t) if mask is None else ~torch.isfinite(t) & mask[:, -t.shape[1]:].bool() for t in tops]
-    if not torch.stack([b.any() for b in bad]).any():
-        return
-    name, where, x = next((n, b, x) for n, b, x in zip(names, bad, logits) if b.any())
-    row, column = where.nonzero()[0].tolist()
-    tokens = (torch.isnan(x[row, column]) | torch.isposinf(x[row, column])).nonzero().flatten().tolist()
-    what = f"NaN or +inf at token {tokens[0]}" if tokens else "no finite value"
-    raise ValueError(f"{name}: its logits hold {what} at row {row}, position {first + column}; "
-                     "check the model's weights and dtype (e.g. float16 overflow)")
 
 
 def compose(peft_model, experts: dict[str, float] | list[str], config: CompositionConfig | None = None) -> ComposedModelForCausalLM:

@@ -208,3 +208,21 @@ def entropy(log_p: torch.Tensor) -> torch.Tensor:
     """Entropy over the last dim from log-probs, in fp32: shape (...)."""
     log_p = log_p.float()
     return -(log_p.exp() * log_p).sum(-1)
+
+
+def check_logits(names: list[str], logits: list[torch.Tensor], first: int, mask: torch.Tensor | None) -> None:
+    """Raise ValueError naming the first model whose logits (B, T', V) hold NaN or +inf, or only −inf, at a real
+    (unpadded) position: a broken model or dtype, never clamped into a distribution. Names the row, the position
+    (`first`: the position of column 0) and the token. A −inf logit beside finite ones is a token the model rules
+    out (clamped at the floor, as the paper's rule does). Padding (mask 0) is not checked: models may return NaN
+    there (Gemma 2 in float64). One (B, T') reduction per model and one host sync."""
+    tops = [x.amax(-1) for x in logits]  # (B, T'): NaN and +inf propagate; only −inf gives −inf
+    bad = [~torch.isfinite(t) if mask is None else ~torch.isfinite(t) & mask[:, -t.shape[1]:].bool() for t in tops]
+    if not torch.stack([b.any() for b in bad]).any():
+        return
+    name, where, x = next((n, b, x) for n, b, x in zip(names, bad, logits) if b.any())
+    row, column = where.nonzero()[0].tolist()
+    tokens = (torch.isnan(x[row, column]) | torch.isposinf(x[row, column])).nonzero().flatten().tolist()
+    what = f"NaN or +inf at token {tokens[0]}" if tokens else "no finite value"
+    raise ValueError(f"{name}: its logits hold {what} at row {row}, position {first + column}; "
+                     "check the model's weights and dtype (e.g. float16 overflow)")
