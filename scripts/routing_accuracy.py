@@ -47,7 +47,8 @@ def main(argv=None) -> None:
     base = AutoModelForCausalLM.from_pretrained(args.world / "base").eval()
     prompts = {e: read_prompts(f"experts.{e}", args.world / "experts" / e / "prompts.jsonl", 200) for e in experts}
     with torch.no_grad():
-        centroids = torch.tensor([fit_centroids(base, tok, {e: prompts[e]})[e] for e in experts])  # (k, d)
+        centroids = fit_centroids(base, tok, prompts)
+        centroids = torch.tensor([centroids[e] for e in experts])  # (k, d)
         means = {task: prompt_means(base, tok, task_prompts(task)) for task in (t.split("=")[0] for t in args.tasks.split(","))}
     rows = []
     for tau in args.tau:

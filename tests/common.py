@@ -39,10 +39,14 @@ def make_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
     shape = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=False, **shape, **ids)
-    model = LlamaForCausalLM(config)
+    return save_random_model(LlamaForCausalLM(config), tokenizer, out_dir)
+
+
+def save_random_model(model, tokenizer, out_dir: Path, std: float = 0.5) -> Path:
+    """Give `model` random weights (matrices N(0, std²), vectors U(0.5, 1.5)) and save it with `tokenizer`."""
     with torch.no_grad():  # the default init (std 0.02) makes every distribution near-uniform
         for p in model.parameters():
-            p.normal_(0.0, 0.5) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+            p.normal_(0.0, std) if p.dim() > 1 else p.uniform_(0.5, 1.5)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return Path(out_dir)

@@ -11,7 +11,7 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, GPT2Config, LlamaC
                           Qwen2Config)
 
 import logitcomp  # noqa: F401  (registers composition folders with the Auto classes)
-from common import make_tiny_lora, make_tokenizer
+from common import make_tiny_lora, make_tokenizer, save_random_model
 from logitcomp import ComposedModelForCausalLM
 from reference import hand_compose, merged_expert, row_logprobs
 
@@ -34,12 +34,8 @@ def _world(root, arch):
     config_class, shape, targets = ARCHITECTURES[arch]
     tok = make_tokenizer()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config_class(vocab_size=len(tok), bos_token_id=1, eos_token_id=2, **shape))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
-    model.save_pretrained(root / "base")
-    tok.save_pretrained(root / "base")
+    save_random_model(AutoModelForCausalLM.from_config(config_class(vocab_size=len(tok), bos_token_id=1, eos_token_id=2, **shape)),
+                      tok, root / "base", std=0.3)
     experts = {f"e{i}": make_tiny_lora(root / "base", root / f"e{i}", seed=i + 1, r=2, lora_alpha=4, target_modules=modules,
                                        fan_in_fan_out=arch == "gpt2") for i, modules in enumerate(targets)}
     return root / "base", experts

@@ -10,7 +10,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 import bridge
-from common import make_tiny_lora, make_tokenizer
+from common import make_tiny_lora, make_tokenizer, save_random_model
 from logitcomp import ComposedModelForCausalLM
 from reference import hand_compose, merged_expert, row_logprobs
 
@@ -22,13 +22,8 @@ def gpt2(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpt2")
     tok = make_tokenizer()
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=16, n_layer=2, n_head=2,
-                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5) if p.dim() > 1 else p.uniform_(0.5, 1.5)
-    model.save_pretrained(root / "base")
-    tok.save_pretrained(root / "base")
+    save_random_model(GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=16, n_layer=2, n_head=2,
+                                                 bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)), tok, root / "base")
     experts = {f"e{i}": make_tiny_lora(root / "base", root / f"e{i}", seed=i + 1, r=2, lora_alpha=4, target_modules=targets,
                                        fan_in_fan_out=True) for i, targets in enumerate((["c_attn"], ["c_proj", "c_fc"]))}
     return root / "base", experts
