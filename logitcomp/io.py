@@ -36,16 +36,35 @@ def atomic_dir(target: Path) -> Iterator[Path]:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` through a temporary sibling file and a rename."""
+    """Write `data` to `path` through a temporary sibling file and a rename.
+
+    Raises:
+        OSError: one line naming `path`, the cause and the free space (a full disk, a quota, a read-only
+            folder); the previous file at `path` is kept as it was.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)  # swept by a run's lock if killed
+    except OSError as exc:
+        raise _not_written(path, exc) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the result is an ordinary file
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _not_written(path, exc) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _not_written(path: Path, exc: OSError) -> OSError:
+    """`exc` as one line naming `path` (errno kept, so callers can still tell a full disk)."""
+    existing = next((p for p in path.parents if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free / 2**20
+    error = OSError(f"{path}: not written ({exc.strerror or exc}; {free:.0f} MiB free on that disk); the previous file is kept")
+    error.errno = exc.errno
+    return error

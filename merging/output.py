@@ -98,7 +98,7 @@ def output_lock(out: Path) -> Iterator[None]:
     ends, however it ends (kill -9, a container's pid 1, a pid reused later): there is no stale lock to take
     over, so no two runs can hold it at once. The file records the holder's pid and host, for the message
     only, and stays (removing a locked file would let a third run lock a new one). Leftovers of killed runs
-    (`.*.partial-*` folders under OUT) are swept once the lock is held."""
+    (`.*.partial-*` folders and files under OUT) are swept once the lock is held."""
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
     try:
@@ -109,8 +109,8 @@ def output_lock(out: Path) -> Iterator[None]:
             raise RecipeError(f"output: {out} is being written by another run ({holder}); wait for it or choose another output") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        for leftover in out.rglob(".*.partial-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+        for leftover in list(out.rglob(".*.partial-*")):
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
         yield
     finally:
         os.close(fd)  # releases the lock
