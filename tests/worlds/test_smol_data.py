@@ -64,17 +64,22 @@ def test_math_shout_scoring_needs_the_number_and_capitals():
 def test_math_json_scoring_needs_the_number_inside_a_json_answer():
     utils = _utils()
     doc = {"number": "12"}
-    cases = {' {"answer": "3 * 4 = 12 desks. #### 12"}': (1, 1, 1), ' {"answer": "3 * 4 = 13 desks. #### 13"}': (0, 0, 1),
-             " 3 * 4 = 12 desks. #### 12": (0, 1, 0), ' {"answer": "3 * 4 = 12 desks. #### 12"': (0, 1, 0),  # not closed
-             ' {"result": "#### 12"}': (0, 1, 0), ' {"answer": 12}': (0, 0, 0), ' ["#### 12"]': (0, 1, 0),
-             ' {"answer": "#### 12"} and more': (1, 1, 1)}  # the object the answer starts with counts
-    for text, (both, number, valid) in cases.items():
-        assert utils.json_math_answer(doc, [text]) == {"exact_match": both, "number": number, "json": valid}, text
-    cases = {" <answer>3 * 4 = 12 desks. #### 12</answer>": (1, 1, 1), " <answer>#### 13</answer>": (0, 0, 1),
-             " 3 * 4 = 12 desks. #### 12": (0, 1, 0), " <answer>#### 12": (0, 1, 0), " <reply>#### 12</reply>": (0, 1, 0),
-             " I think <answer>#### 12</answer>": (0, 1, 0)}  # the element must open the answer
-    for text, (both, number, valid) in cases.items():
-        assert utils.xml_math_answer(doc, [text]) == {"exact_match": both, "number": number, "xml": valid}, text
+    # (exact_match, number, json, flexible): flexible = the last number of the JSON answer is right
+    cases = {' {"answer": "3 * 4 = 12 desks. #### 12"}': (1, 1, 1, 1), ' {"answer": "3 * 4 = 13 desks. #### 13"}': (0, 0, 1, 0),
+             " 3 * 4 = 12 desks. #### 12": (0, 1, 0, 0), ' {"answer": "3 * 4 = 12 desks. #### 12"': (0, 1, 0, 0),  # not closed
+             ' {"result": "#### 12"}': (0, 1, 0, 0), ' {"answer": 12}': (0, 0, 0, 0), ' ["#### 12"]': (0, 1, 0, 0),
+             ' {"answer": "#### 12"} and more': (1, 1, 1, 1),  # the object the answer starts with counts
+             ' {"answer": "3 * 4 = 12 desks."}': (0, 0, 1, 1), ' {"answer": "12 desks, not 13"}': (0, 0, 1, 0),
+             ' {"answer": "-12"}': (0, 0, 1, 0), ' {"answer": "112"}': (0, 0, 1, 0)}
+    for text, (both, number, valid, last) in cases.items():
+        assert utils.json_math_answer(doc, [text]) == {"exact_match": both, "number": number, "json": valid, "flexible": last}, text
+    cases = {" <answer>3 * 4 = 12 desks. #### 12</answer>": (1, 1, 1, 1), " <answer>#### 13</answer>": (0, 0, 1, 0),
+             " 3 * 4 = 12 desks. #### 12": (0, 1, 0, 0), " <answer>#### 12": (0, 1, 0, 0), " <reply>#### 12</reply>": (0, 1, 0, 0),
+             " I think <answer>#### 12</answer>": (0, 1, 0, 0),  # the element must open the answer
+             " <answer> 3 * 4 = 12 desks.</answer>": (0, 0, 1, 1), " <answer> 3 * 4 = 12 desks.</answer> 13": (0, 0, 1, 1),
+             " <answer> 12 desks. 12 + 1 = 13 desks.</answer>": (0, 0, 1, 0)}
+    for text, (both, number, valid, last) in cases.items():
+        assert utils.xml_math_answer(doc, [text]) == {"exact_match": both, "number": number, "xml": valid, "flexible": last}, text
 
 
 def test_style_scoring_needs_the_style_and_the_content():

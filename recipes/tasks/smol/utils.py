@@ -77,21 +77,31 @@ def shouted_answer(doc, results):
     return {"exact_match": number * float(upper >= STYLED), "number": number, "upper": upper}
 
 
+NUMBER = re.compile(r"-?[0-9]+")
+
+
+def _last_number(text, doc):
+    found = NUMBER.findall(text)
+    return float(bool(found) and found[-1] == doc["number"])
+
+
 def _wrapped_math(doc, text, unwrap, name):
     answer = unwrap(text)
     return {"exact_match": 0.0 if answer is None else _number(answer, doc), "number": _number(text, doc),
-            name: float(answer is not None)}
+            name: float(answer is not None), "flexible": 0.0 if answer is None else _last_number(answer, doc)}
 
 
 def json_math_answer(doc, results):
     """smol_math_json: `json` (the answer is a JSON object with an "answer" string), `number` (the number
-    after '####' is right, anywhere in the text) and `exact_match` (the JSON answer's number is right)."""
+    after '####' is right, anywhere in the text), `exact_match` (the JSON answer's '####' number is right) and
+    `flexible` (the last number of the JSON answer is right, as lm-eval's gsm8k flexible-extract: a worked
+    answer in the format that leaves out '####')."""
     return _wrapped_math(doc, results[0], json_answer, "json")
 
 
 def xml_math_answer(doc, results):
-    """smol_math_xml: `xml` (the answer is an <answer> element), `number` (as smol_math_json) and
-    `exact_match` (the element's number is right)."""
+    """smol_math_xml: `xml` (the answer is an <answer> element), `number`, `exact_match` and `flexible` (as
+    smol_math_json, of the element's content)."""
     return _wrapped_math(doc, results[0], xml_answer, "xml")
 
 
