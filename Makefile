@@ -58,13 +58,14 @@ gemma: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts math,code,shout
 	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/gemma3-math-code.yaml
 
-# Two skills in one answer (docs/two-skill.md): the math expert, the json format expert and
-# the multitask LoRA, then recipes/smol-two-skill.yaml (gemma: recipes/gemma3-two-skill.yaml).
+# Two skills in one answer (docs/two-skill.md): the math expert, the json and xml format experts and
+# the multitask LoRAs, then recipes/smol-two-skill.yaml and smol-two-skill-xml.yaml (gemma: recipes/gemma3-two-skill.yaml).
 TWO_SKILL_EXPERTS := math,json,mt_math_json
 smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts $(TWO_SKILL_EXPERTS)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-xml.yaml
 
 gemma-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
