@@ -140,6 +140,8 @@ def test_a_second_run_of_one_output_is_refused_and_leftovers_are_swept(tmp_path)
     os.close(holder)  # the holder ends (as a killed process's lock is released by the kernel)
     (out / LOCK).write_text("1")  # what a run killed inside a container (pid 1) leaves: refused forever before
     (out / "lm_eval" / ".a2b.partial-x1y2").mkdir(parents=True)
+    (out / "variants").mkdir()
+    (out / "variants" / ".base.json.partial-k3j4").write_text('{"metr')  # an atomic write killed mid-way
     with output_lock(out):
         assert (out / LOCK).read_text().startswith(f"pid {os.getpid()} on ") and not list(out.rglob(".*.partial-*"))
     assert (out / "lm_eval").is_dir()
