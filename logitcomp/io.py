@@ -61,10 +61,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     return path
 
 
+def existing_parent(path: Path) -> Path:
+    """`path`, or its nearest existing parent (where a file or folder at `path` would be created)."""
+    path = Path(path)
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+def free_mib(path: Path) -> float:
+    """Free space, in MiB, on the disk that holds `path` (or would hold it)."""
+    return shutil.disk_usage(existing_parent(path)).free / 2**20
+
+
 def _not_written(path: Path, exc: OSError) -> OSError:
     """`exc` as one line naming `path` (errno kept, so callers can still tell a full disk)."""
-    existing = next((p for p in path.parents if p.exists()), Path("/"))
-    free = shutil.disk_usage(existing).free / 2**20
-    error = OSError(f"{path}: not written ({exc.strerror or exc}; {free:.0f} MiB free on that disk); the previous file is kept")
+    error = OSError(f"{path}: not written ({exc.strerror or exc}; {free_mib(path):.0f} MiB free on that disk); the previous file is kept")
     error.errno = exc.errno
     return error

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from logitcomp.io import existing_parent
+
 from .errors import RecipeError
 from .recipe import Recipe, ResolvedPaths
 
@@ -49,8 +51,8 @@ def check_output(paths: ResolvedPaths) -> None:
         reason = "not a folder"
     elif out.is_dir() and any(p.name != LOCK for p in out.iterdir()) and not ours(out):
         reason = "a non-empty folder that no recipe run wrote"
-    elif not os.access(_existing(out), os.W_OK | os.X_OK):
-        reason = f"not writable here ({_existing(out)} is read-only for this user)"
+    elif not os.access(existing_parent(out), os.W_OK | os.X_OK):
+        reason = f"not writable here ({existing_parent(out)} is read-only for this user)"
     else:
         return
     raise RecipeError(f"output: {out} is {reason}; choose an empty or new folder for the results")
@@ -61,13 +63,6 @@ def ours(out: Path) -> bool:
     a flock leaves it), or a `variants/` folder beside its recipe.yaml (older runs). A user's folder that merely
     holds a file named recipe.yaml is not ours: `--force` never writes into it."""
     return (out / LOCK).is_file() or ((out / "recipe.yaml").is_file() and (out / "variants").is_dir())
-
-
-def _existing(path: Path) -> Path:
-    """`path`, or its nearest existing parent (where a new output folder would be created)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> None:
@@ -109,8 +104,11 @@ def output_lock(out: Path) -> Iterator[None]:
             raise RecipeError(f"output: {out} is being written by another run ({holder}); wait for it or choose another output") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        for leftover in list(out.rglob(".*.partial-*")):
-            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        for leftover in list(out.rglob(".*.partial-*")):  # folders (atomic_dir) and files (atomic_write_bytes)
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from logitcomp.inputs import expert_kind
+from logitcomp.io import free_mib
 
 from .harness.distributed import broadcast, local_device, world
 from .kinds import Kind, Variant
@@ -142,9 +142,7 @@ def build_row(kind: Kind, row: Variant, recipe, paths, lora_cache: Path | None =
         if not _no_space(exc):
             raise
         folder = paths.output / "models" / row.name
-        existing = next(p for p in (folder, *folder.parents) if p.exists())
-        free = shutil.disk_usage(existing).free / 2**20
-        raise OSError(f"variants: {row.name}: the disk is full writing its merged model into {folder} ({free:.0f} MiB free); "
+        raise OSError(f"variants: {row.name}: the disk is full writing its merged model into {folder} ({free_mib(folder):.0f} MiB free); "
                       "nothing was kept; free some space and run again") from None
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 from pathlib import Path
 
-from logitcomp.io import atomic_dir
+from logitcomp.io import atomic_dir, free_mib
 
 
 class _DropWarnings(logging.Filter):
@@ -92,6 +91,5 @@ def _check_written(tmp: Path, out: Path, counts: dict[str, int]) -> None:
         if not complete:
             problems.append(f"samples of {task}: {len(lines)} of {count} records{' (none written)' if not files else ''}")
     if problems:
-        free = shutil.disk_usage(tmp).free / 2**20
-        raise OSError(f"lm_eval/{out.name}: lm-eval did not write its outputs whole ({'; '.join(problems)}; {free:.0f} MiB free "
+        raise OSError(f"lm_eval/{out.name}: lm-eval did not write its outputs whole ({'; '.join(problems)}; {free_mib(tmp):.0f} MiB free "
                       "on that disk); the previous outputs are kept")

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import merging.cli
+
 FILL = ".fill"  # the file that takes the disk's last free byte
 STAGES = ("merge", "lm_eval", "record", "report")
 MODES = ("first", "resume", "force")
@@ -37,8 +39,11 @@ def fill_disk(out: Path) -> None:
                     f.write(b"\0" * size)
 
 
-def install(stage: str, action) -> None:
-    """Call `action()` once, just before the first write of `stage`."""
+@contextlib.contextmanager
+def install(stage: str, action):
+    """Within the block, call `action()` once, just before the first write of `stage`."""
+    from unittest import mock
+
     import lm_eval.loggers
 
     import merging.runner as runner
@@ -52,17 +57,15 @@ def install(stage: str, action) -> None:
         wrapped.done = False
         return wrapped
 
-    if stage == "merge":
-        runner.ModelPool.merge = once(runner.ModelPool.merge)
-    elif stage == "lm_eval":
-        tracker = lm_eval.loggers.EvaluationTracker
-        tracker.save_results_aggregated = once(tracker.save_results_aggregated)
-    elif stage == "record":
-        real = runner.atomic_write_bytes
-        hooked = once(real)
-        runner.atomic_write_bytes = lambda path, data: (hooked if Path(path).parent.name == "variants" else real)(path, data)
-    elif stage == "report":
-        runner.write_reports = once(runner.write_reports)
+    if stage == "record":  # the row's record, not recipe.yaml (written through the same function)
+        real, hooked = runner.atomic_write_bytes, once(runner.atomic_write_bytes)
+        target, name, value = runner, "atomic_write_bytes", lambda path, data: (hooked if Path(path).parent.name == "variants" else real)(path, data)
+    else:
+        target, name = {"merge": (runner.ModelPool, "merge"), "lm_eval": (lm_eval.loggers.EvaluationTracker, "save_results_aggregated"),
+                        "report": (runner, "write_reports")}[stage]
+        value = once(getattr(target, name))
+    with mock.patch.object(target, name, value):
+        yield
 
 
 def run_cli(*args: str) -> tuple[int, str]:
@@ -123,7 +126,10 @@ def _row(name: str) -> str:
 
 def reset(out: Path, source: Path | None) -> None:
     for child in out.iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
     if source:
         shutil.copytree(source, out, dirs_exist_ok=True)
 
@@ -134,13 +140,13 @@ def cell(out: Path, recipe: str, mode: str, stage: str, fault: str, prepared: di
     args = ["run", recipe, *(["--force"] if mode == "force" else [])]
     if fault == "kill":  # a child process that SIGKILLs itself at the stage
         code = (f"import os, signal, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import fault_matrix as f; "
-                f"f.install({stage!r}, lambda: os.kill(os.getpid(), signal.SIGKILL)); from merging.cli import main; main({['-q', *args]!r})")
+                f"from merging.cli import main\nwith f.install({stage!r}, lambda: os.kill(os.getpid(), signal.SIGKILL)):\n    main({['-q', *args]!r})")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         status, line = proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1]
     else:
-        install(stage, (lambda: fill_disk(out)) if fault == "full" else (lambda: os.kill(os.getpid(), signal.SIGTERM)))
-        status, line = run_cli(*args)
-        _uninstall()
+        with install(stage, (lambda: fill_disk(out)) if fault == "full" else (lambda: os.kill(os.getpid(), signal.SIGTERM))):
+            status, line = run_cli(*args)
+        merging.cli._interrupt.seen = False  # the next SIGTERM is a first one again
     after = problems(out, before)
     (out / FILL).unlink(missing_ok=True)
     rerun, rerun_line = run_cli("run", recipe)
@@ -150,34 +156,9 @@ def cell(out: Path, recipe: str, mode: str, stage: str, fault: str, prepared: di
             "rerun_results": sorted(json.loads((out / "results.json").read_text())["results"]) if (out / "results.json").is_file() else None}
 
 
-_REAL = {}
-
-
-def _remember() -> None:
-    import lm_eval.loggers
-
-    import merging.runner as runner
-
-    _REAL.update(merge=runner.ModelPool.merge, agg=lm_eval.loggers.EvaluationTracker.save_results_aggregated,
-                 write=runner.atomic_write_bytes, reports=runner.write_reports)
-
-
-def _uninstall() -> None:
-    import lm_eval.loggers
-
-    import merging.cli
-    import merging.runner as runner
-
-    runner.ModelPool.merge = _REAL["merge"]
-    lm_eval.loggers.EvaluationTracker.save_results_aggregated = _REAL["agg"]
-    runner.atomic_write_bytes, runner.write_reports = _REAL["write"], _REAL["reports"]
-    merging.cli._interrupt.seen = False
-
-
 def main(argv: list[str]) -> None:
     out, recipe, good, resume = Path(argv[0]), argv[1], Path(argv[2]), Path(argv[3])
     faults = argv[4].split(",") if len(argv) > 4 else ["full", "term", "kill"]
-    _remember()
     prepared = {"resume": resume, "force": good}
     for fault in faults:
         for mode in MODES if fault == "full" else ("first",):

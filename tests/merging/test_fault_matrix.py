@@ -83,7 +83,7 @@ def test_a_run_killed_inside_another_pid_namespace_leaves_no_lock_behind(tmp_pat
             "with output_lock(pathlib.Path(sys.argv[1])):\n    print(os.getpid(), flush=True)\n    os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.run(["unshare", "--pid", "--fork", "--map-root-user", sys.executable, "-c", code, str(out)],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
-    assert proc.stdout.strip() == "1" and (out / LOCK).read_text() .startswith("pid 1 on ")  # killed as its namespace's pid 1
+    assert proc.stdout.strip() == "1" and (out / LOCK).read_text().startswith("pid 1 on ")  # killed as its namespace's pid 1
     with output_lock(out):
         assert (out / LOCK).read_text().startswith(f"pid {os.getpid()} on ")
 
