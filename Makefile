@@ -59,7 +59,7 @@ gemma: $(STAMP)
 	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/gemma3-math-code.yaml
 
 # Two skills in one answer (docs/two-skill.md): the math expert, the json and xml format experts and
-# the multitask LoRAs, then recipes/smol-two-skill.yaml and smol-two-skill-xml.yaml (gemma: recipes/gemma3-two-skill.yaml).
+# the multitask LoRAs, then recipes/smol-two-skill.yaml and smol-two-skill-xml.yaml (gemma: recipes/gemma3-two-skill.yaml and gemma3-two-skill-xml.yaml).
 TWO_SKILL_EXPERTS := math,json,mt_math_json
 smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
@@ -69,8 +69,9 @@ smol-two-skill: $(STAMP)
 
 gemma-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS)
+	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-xml.yaml
 
 clean:
 	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world gemma_world .pytest_cache

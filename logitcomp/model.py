@@ -22,7 +22,7 @@ from .config import CompositionConfig
 from .grouped_lora import LoraStack, grouped_lora
 from .head import fast_head
 from .loading import LoadOptions, refuse_unknown
-from .ops import Composer, check_logits, entropy, kl_divergence
+from .ops import Composer, LogitsWatch, check_logits, entropy, kl_divergence
 from .outputs import ComposedCache, ComposedCausalLMOutput, CompositionTrace
 from .routing import Router, last_hidden, running_means
 
@@ -96,6 +96,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         # a forward that scores every position of a sequence (lm-eval's loglikelihood, `labels`) runs in position
         # chunks whose k + 1 logits tensors hold at most this many elements (None: one forward, as many as it takes)
         self.scoring_budget: int | None = SCORING_BUDGET
+        self._watch: LogitsWatch | None = None  # set during `generate`: the logits checks of its steps, read once at the end
         self._eos = ((), torch.zeros(0, dtype=torch.long))  # (ids, the same ids as a tensor on the last device used)
         self.eval()
 
@@ -246,8 +247,11 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 logits_to_keep=logits_to_keep,
             ).logits  # (B, T', V)
         experts = [by_name[e] for e in self.experts]
-        check_logits(["the base", *(f"expert {e!r}" for e in self.experts)], [grouped[0], *experts], past + length - grouped.shape[2],
-                      attention_mask)
+        first = past + length - grouped.shape[2]  # the position of the logits' column 0
+        if self._watch is not None:
+            self._watch.add([grouped[0], *experts], first, attention_mask)
+        else:
+            check_logits(self._model_names(), [grouped[0], *experts], first, attention_mask)
         return self._compose(grouped[0], experts, cache, output_trace, gates)
 
     def _scoring_chunk(self, batch: int, length: int) -> int:
@@ -317,6 +321,8 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
 
     def generate(self, *args, compile: bool | None = None, **kwargs):
         """transformers' `generate` on the composed distribution. Beam search and assisted decoding are refused.
+        A model whose logits turn non-finite at a step is named when the call ends (`ops.LogitsWatch`: no step
+        waits for the device to check).
 
         Args:
             compile: None (default) is transformers' rule: the decoding step is compiled (torch.compile, CUDA
@@ -334,8 +340,18 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         for key in ("assistant_model", "prompt_lookup_num_tokens"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"{key}: assisted decoding is not supported by composed models")
-        with self._routed():  # once for all the steps
-            return super().generate(*args, **kwargs)
+        self._watch = LogitsWatch(self._model_names())
+        try:
+            with self._routed():  # once for all the steps
+                out = super().generate(*args, **kwargs)
+            self._watch.raise_if_bad()  # the steps' logits checks, read once
+            return out
+        finally:
+            self._watch = None
+
+    def _model_names(self) -> list[str]:
+        """The composed models as errors name them: the base, then each expert."""
+        return ["the base", *(f"expert {e!r}" for e in self.experts)]
 
     @contextmanager
     def _routed(self):

@@ -224,5 +224,44 @@ def check_logits(names: list[str], logits: list[torch.Tensor], first: int, mask:
     row, column = where.nonzero()[0].tolist()
     tokens = (torch.isnan(x[row, column]) | torch.isposinf(x[row, column])).nonzero().flatten().tolist()
     what = f"NaN or +inf at token {tokens[0]}" if tokens else "no finite value"
-    raise ValueError(f"{name}: its logits hold {what} at row {row}, position {first + column}; "
-                     "check the model's weights and dtype (e.g. float16 overflow)")
+    raise _non_finite(name, what, row, first + column)
+
+
+def _non_finite(name: str, what: str, row: int, position: int) -> ValueError:
+    return ValueError(f"{name}: its logits hold {what} at row {row}, position {position}; "
+                      "check the model's weights and dtype (e.g. float16 overflow)")
+
+
+class LogitsWatch:
+    """`check_logits` for the forwards of one `generate` call, without a host sync per step: each step folds its
+    verdict into tensors on the logits' device (the first bad position and top logit of every model and row), and
+    `raise_if_bad` reads them once, at the end. On a GPU a per-step check would wait for the device at every token
+    (and break a compiled step's graph); here a broken model is named when the call ends, by row and position (the
+    token is not kept: finding it would cost a second pass over the vocabulary at every step)."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.seen = self.where = self.top = None  # (M, B) bool, long, float: M = 1 + k models
+
+    def add(self, logits: list[torch.Tensor], first: int, mask: torch.Tensor | None) -> None:
+        """Fold one forward's logits (M tensors (B, T', V)) whose column 0 is at position `first`."""
+        tops = torch.stack([x.amax(-1) for x in logits]).float()  # (M, B, T')
+        bad = ~torch.isfinite(tops)
+        if mask is not None:
+            bad &= mask[:, -tops.shape[2]:].bool()
+        column = bad.int().argmax(-1, keepdim=True)  # (M, B, 1): the first bad column (0 where none)
+        if self.seen is None:
+            self.seen, self.where, self.top = torch.zeros_like(bad[..., 0]), torch.zeros_like(column[..., 0]), tops[..., 0]
+        fresh = bad.any(-1) & ~self.seen  # (M, B): rows that turn bad at this forward
+        self.where = torch.where(fresh, first + column[..., 0], self.where)
+        self.top = torch.where(fresh, tops.gather(-1, column)[..., 0], self.top)
+        self.seen = self.seen | fresh
+
+    def raise_if_bad(self) -> None:
+        """One host read of the folded verdicts; raise ValueError naming the first model (and its first row) that
+        held NaN or +inf, or only −inf, at a real position."""
+        if self.seen is None or not self.seen.any():
+            return
+        model, row = self.seen.nonzero()[0].tolist()
+        what = "no finite value" if self.top[model, row] == float("-inf") else "NaN or +inf"
+        raise _non_finite(self.names[model], what, row, int(self.where[model, row]))

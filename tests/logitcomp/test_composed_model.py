@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from peft import PeftModel
+from torch.overrides import TorchFunctionMode
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common import make_tiny_llama, make_tiny_lora
@@ -538,5 +541,74 @@ def test_non_finite_logits_of_a_wrapped_model_are_refused_by_name_and_position_n
                 composed(**batch)
             spoil.update(row=0, column=2, token=4, value=float("-inf"))  # one token ruled out: a distribution still
             composed(**batch)
+    finally:
+        handle.remove()
+
+
+class _HostReads(TorchFunctionMode):
+    """The tensor calls that wait for the device (a read into Python, a data-dependent shape), made by code of
+    the `logitcomp` package."""
+
+    READS = {"__bool__", "item", "tolist", "__int__", "__float__", "__index__", "nonzero", "masked_select", "unique"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        boolean_index = name == "__getitem__" and any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in args[1:])
+        caller = sys._getframe(1).f_code.co_filename
+        if (name in self.READS or boolean_index) and f"{os.sep}logitcomp{os.sep}" in caller and f"{os.sep}tests{os.sep}" not in caller:
+            self.calls.append(f"{name} in {Path(caller).name}:{sys._getframe(1).f_lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["product", "routed"])
+def test_generate_checks_logits_without_a_host_read_per_step_and_names_a_broken_model_when_it_ends(tiny, tok, routed):
+    """Issue 28.2: the per-forward logits check read a flag into Python at every decoding step (a device sync per
+    token on a GPU). In `generate` the steps fold their verdicts on the device and the call reads them once."""
+    width = AutoModelForCausalLM.from_pretrained(tiny.base).config.hidden_size
+    centroids = {n: torch.randn(width, generator=torch.Generator().manual_seed(i)).tolist() for i, n in enumerate("ab")}
+    config = CompositionConfig(routing={"centroids": centroids, "threshold": 0.3}) if routed else None
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, ["a", "b"]), config=config)
+    batch = _left_padded(tok, ["ABCAB>CC", "B>"])
+    forwards, spoil = [], {}
+
+    def hook(module, args, output):  # spoil expert b's row `spoil["row"]` (grouped rows [base | a | b]) at one forward
+        forwards.append(output.logits.shape[1])
+        if spoil and len(forwards) == spoil["forward"]:
+            output.logits[2 * 2 + spoil["row"], -1, spoil["tokens"]] = spoil["value"]
+        return output
+
+    handle = composed._hf_model.register_forward_hook(hook)
+    step = composed._step
+    reads = _HostReads()
+
+    def watched(*args, **kwargs):
+        with reads:
+            return step(*args, **kwargs)
+
+    composed._step = watched
+    length = batch.input_ids.shape[1]
+    try:
+        with torch.no_grad():
+            composed.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+            assert len(forwards) == 4 and reads.calls == []  # the prefill and 3 steps: no host read in any
+            reads.calls.clear()
+            composed(**batch)
+            assert reads.calls, "the recorder must see the eager check's read (else the assertion above proves nothing)"
+            forwards.clear()
+            spoil.update(forward=3, row=0, tokens=7, value=float("nan"))  # the 2nd decoding step: position length + 1
+            with pytest.raises(ValueError, match=rf"^expert 'b': its logits hold NaN or \+inf at row 0, position {length + 1}; check"):
+                composed.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+            forwards.clear()
+            spoil.update(forward=2, row=1, tokens=slice(None), value=float("-inf"))
+            with pytest.raises(ValueError, match=rf"^expert 'b': its logits hold no finite value at row 1, position {length}; check"):
+                composed.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+            assert composed._watch is None
+            forwards.clear()
+            spoil.clear()
+            composed.generate(**batch, max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)  # no verdict left over
     finally:
         handle.remove()

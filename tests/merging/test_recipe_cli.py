@@ -209,8 +209,7 @@ def test_debug_shows_the_traceback(tiny, tmp_path):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["toy-letters", "toy-letters-entangled", "toy-letters-3", "toy-gpt2-full", "gemma2-2b-math-code", "smol-math-code", "gemma3-math-code",
-                                  "smol-two-skill", "smol-two-skill-xml", "gemma3-two-skill", "smol-math-shout", "smol-routing"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in TASKS.parent.glob("*.yaml")))
 def test_shipped_recipes_parse(name):
     recipe, paths = load_recipe(TASKS.parent / f"{name}.yaml")
     assert Recipe.model_validate(yaml.safe_load(recipe.to_yaml())) == recipe
