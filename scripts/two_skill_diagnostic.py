@@ -1,8 +1,9 @@
 """Where the experts of each two-skill family act: the overlap diagnostic on the families' reference answers.
 
     python scripts/two_skill_diagnostic.py smol_world          # or gemma_world; about a minute
+    python scripts/two_skill_diagnostic.py gemma_world --styles xml
 
-For each family (math + shout, math + json) it composes the two experts (weights 1), merges them as one
+For each family (math + shout, math + json, math + xml) it composes the two experts (weights 1), merges them as one
 exact LoRA (task arithmetic, weights 1) and runs `bridge.compare` on the first DOCS validation problems
 with the answer a model should write (the worked math answer, in capitals or as a JSON object), scoring
 the positions that predict answer tokens: `overlap` is the share of those positions where both experts are
@@ -53,10 +54,14 @@ def family_summary(root: Path, style: str, threshold: float) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("world", type=Path, help="a smol or gemma world with the experts math, shout and json")
+    parser.add_argument("world", type=Path, help="a smol or gemma world with the experts math and each style of --styles")
+    parser.add_argument("--styles", default=",".join(STYLES), help=f"comma-separated, from {', '.join(STYLES)} (default: all)")
     parser.add_argument("--threshold", type=float, default=0.1, help="nats of KL(p_i ‖ p_b) for an expert to count as active")
     args = parser.parse_args(argv)
-    summaries = {f"math+{s}": family_summary(args.world, s, args.threshold) for s in STYLES}
+    styles = args.styles.split(",")
+    if unknown := [s for s in styles if s not in STYLES]:
+        parser.error(f"--styles: expected names from {', '.join(STYLES)}, got {', '.join(unknown)}")
+    summaries = {f"math+{s}": family_summary(args.world, s, args.threshold) for s in styles}
     lines = ["| family | answer tokens | overlap | math activity | style activity | KL(composed ‖ merged) | argmax agreement |",
              "|---|---|---|---|---|---|---|"]
     for family, s in summaries.items():
