@@ -210,21 +210,28 @@ def entropy(log_p: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
+def _non_finite_positions(logits: list[torch.Tensor], mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top logit of every model, row and position, (M, B, T') fp32 (NaN and +inf propagate; only −inf gives
+    −inf), and where it is not finite at a real (mask 1) position, (M, B, T') bool. On the logits' device."""
+    tops = torch.stack([x.amax(-1) for x in logits]).float()  # (M, B, T')
+    bad = ~torch.isfinite(tops)
+    return tops, bad if mask is None else bad & mask[:, -tops.shape[2]:].bool()
+
+
 def check_logits(names: list[str], logits: list[torch.Tensor], first: int, mask: torch.Tensor | None) -> None:
     """Raise ValueError naming the first model whose logits (B, T', V) hold NaN or +inf, or only −inf, at a real
     (unpadded) position: a broken model or dtype, never clamped into a distribution. Names the row, the position
     (`first`: the position of column 0) and the token. A −inf logit beside finite ones is a token the model rules
     out (clamped at the floor, as the paper's rule does). Padding (mask 0) is not checked: models may return NaN
     there (Gemma 2 in float64). One (B, T') reduction per model and one host sync."""
-    tops = [x.amax(-1) for x in logits]  # (B, T'): NaN and +inf propagate; only −inf gives −inf
-    bad = [~torch.isfinite(t) if mask is None else ~torch.isfinite(t) & mask[:, -t.shape[1]:].bool() for t in tops]
-    if not torch.stack([b.any() for b in bad]).any():
+    _, bad = _non_finite_positions(logits, mask)
+    if not bad.any():
         return
-    name, where, x = next((n, b, x) for n, b, x in zip(names, bad, logits) if b.any())
-    row, column = where.nonzero()[0].tolist()
-    tokens = (torch.isnan(x[row, column]) | torch.isposinf(x[row, column])).nonzero().flatten().tolist()
+    model, row, column = bad.nonzero()[0].tolist()
+    x = logits[model][row, column]  # (V,)
+    tokens = (torch.isnan(x) | torch.isposinf(x)).nonzero().flatten().tolist()
     what = f"NaN or +inf at token {tokens[0]}" if tokens else "no finite value"
-    raise _non_finite(name, what, row, first + column)
+    raise _non_finite(names[model], what, row, first + column)
 
 
 def _non_finite(name: str, what: str, row: int, position: int) -> ValueError:
@@ -245,10 +252,7 @@ class LogitsWatch:
 
     def add(self, logits: list[torch.Tensor], first: int, mask: torch.Tensor | None) -> None:
         """Fold one forward's logits (M tensors (B, T', V)) whose column 0 is at position `first`."""
-        tops = torch.stack([x.amax(-1) for x in logits]).float()  # (M, B, T')
-        bad = ~torch.isfinite(tops)
-        if mask is not None:
-            bad &= mask[:, -tops.shape[2]:].bool()
+        tops, bad = _non_finite_positions(logits, mask)  # (M, B, T') each
         column = bad.int().argmax(-1, keepdim=True)  # (M, B, 1): the first bad column (0 where none)
         if self.seen is None:
             self.seen, self.where, self.top = torch.zeros_like(bad[..., 0]), torch.zeros_like(column[..., 0]), tops[..., 0]
