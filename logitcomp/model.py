@@ -285,12 +285,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 if step.trace is not None:
                     traces.append(step.trace)
         logits = out if out is not None else torch.cat(parts, dim=1)
-        trace = None
-        if traces:
-            gates = None if traces[0].gates is None else torch.cat([t.gates for t in traces], 1)
-            trace = CompositionTrace(list(self.experts), torch.cat([t.kl for t in traces], 1), torch.cat([t.entropy for t in traces], 1),
-                                     gates)
-        return ComposedCausalLMOutput(logits=logits, cache=cache if keep_cache else None, trace=trace)
+        return ComposedCausalLMOutput(logits=logits, cache=cache if keep_cache else None, trace=CompositionTrace.cat(traces) if traces else None)
 
     def _compose(self, base, experts, cache, output_trace, gates=None) -> ComposedCausalLMOutput:
         masks = [getattr(self, self._mask_buffers[e]) if e in self._mask_buffers else None for e in self.experts]

@@ -47,6 +47,12 @@ class CompositionTrace:
     entropy: torch.Tensor  # (B, T)
     gates: torch.Tensor | None = None  # (B, T, k)
 
+    @classmethod
+    def cat(cls, traces: list[CompositionTrace]) -> CompositionTrace:
+        """The traces of consecutive position chunks of one batch as one trace (positions concatenated)."""
+        gates = None if traces[0].gates is None else torch.cat([t.gates for t in traces], 1)
+        return cls(traces[0].experts, torch.cat([t.kl for t in traces], 1), torch.cat([t.entropy for t in traces], 1), gates)
+
     def to_dict(self) -> dict:
         gates = {} if self.gates is None else {"gates": self.gates.tolist()}
         return {"experts": self.experts, "kl": self.kl.tolist(), "entropy": self.entropy.tolist(), **gates}
