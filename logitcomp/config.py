@@ -30,26 +30,29 @@ def check_eos_policy(policy) -> str:
     return policy
 
 
+ROUTING_SCORES = ("cosine", "discriminant")  # how routing scores the experts' evidence (logitcomp.routing)
+
+
 def check_routing(routing) -> dict | None:
     """Return `routing` with its defaults filled in (None: no routing). Raises ValueError naming the bad key.
 
     `centroids`: expert name -> its centroid (d numbers, one length for all); `tau` in (0, 100]: the
     posterior's temperature; `threshold` in [0, 1]: experts whose posterior is below this share of the
-    top one's get weight 0 (see `logitcomp.routing`)."""
+    top one's get weight 0; `detectors` (optional): expert name -> {"direction": d numbers, "offset": a
+    number}, the discriminant scores that replace the cosine posteriors (see `logitcomp.routing`)."""
     if routing is None:
         return None
     if not isinstance(routing, dict):
         raise ValueError(f"routing: expected a mapping with centroids, tau and threshold, got {routing!r}")
-    unknown = sorted(set(routing) - {"centroids", "tau", "threshold"})
+    unknown = sorted(set(routing) - {"centroids", "tau", "threshold", "detectors"})
     if unknown:
-        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: centroids, tau, threshold")
+        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: centroids, tau, threshold, detectors")
     centroids = routing.get("centroids")
     if not isinstance(centroids, dict) or not centroids:
         raise ValueError(f"routing.centroids: expected a mapping of expert name to a list of numbers, got {centroids!r}")
     length = None
     for name, vector in centroids.items():
-        if not isinstance(vector, (list, tuple)) or not vector or not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+        if not _finite_numbers(vector):
             raise ValueError(f"routing.centroids[{name!r}]: expected a non-empty list of finite numbers")
         if length is not None and len(vector) != length:
             raise ValueError(f"routing.centroids[{name!r}]: {len(vector)} numbers, the other centroids {length}")
@@ -61,6 +64,29 @@ def check_routing(routing) -> dict | None:
             bounds = f"[{low:g}, {high:g}]" if closed else f"({low:g}, {high:g}]"
             raise ValueError(f"routing.{key}: expected a number in {bounds}, got {value!r}")
         out[key] = float(value)
+    if "detectors" in routing:
+        out["detectors"] = _check_detectors(routing["detectors"], out["centroids"], length)
+    return out
+
+
+def _finite_numbers(vector) -> bool:
+    return isinstance(vector, (list, tuple)) and bool(vector) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in vector)
+
+
+def _check_detectors(detectors, centroids: dict, length: int) -> dict:
+    """`routing.detectors` as floats: one {"direction", "offset"} per expert of the centroids, each direction of their length."""
+    if not isinstance(detectors, dict) or set(detectors) != set(centroids):
+        raise ValueError(f"routing.detectors: expected one detector per expert of the centroids {sorted(centroids)}")
+    out = {}
+    for name, detector in detectors.items():
+        if not isinstance(detector, dict) or set(detector) != {"direction", "offset"}:
+            raise ValueError(f"routing.detectors[{name!r}]: expected a mapping with direction and offset")
+        if not _finite_numbers(detector["direction"]) or len(detector["direction"]) != length:
+            raise ValueError(f"routing.detectors[{name!r}].direction: expected {length} finite numbers (the centroids' length)")
+        if not _finite_numbers([detector["offset"]]):
+            raise ValueError(f"routing.detectors[{name!r}].offset: expected a finite number, got {detector['offset']!r}")
+        out[name] = {"direction": [float(x) for x in detector["direction"]], "offset": float(detector["offset"])}
     return out
 
 
@@ -99,8 +125,9 @@ class CompositionConfig:
             default); EOS policies and masks apply with every rule.
         rule_params: the rule's parameters (`RULES[rule].params`: defaults and ranges).
         routing: None (fixed weights), or hidden-state routing (`logitcomp.routing`): `centroids`
-            (expert name -> d numbers, every composed expert), `tau`, `threshold`; each expert's weight
-            at a position is w_i times its gate there.
+            (expert name -> d numbers, every composed expert), `tau`, `threshold`, and optionally
+            `detectors` (expert name -> {"direction", "offset"}: per-expert discriminant scores instead of the
+            cosine posteriors); each expert's weight at a position is w_i times its gate there.
     """
 
     weights: dict[str, float] = field(default_factory=dict)

@@ -11,6 +11,18 @@ and the composition rule runs with weights w_i · g_i,t. A centroid is the mean 
 prompts of the expert's skill, e.g. a sample of its training prompts (`fit_centroids`). Centring on μ
 removes the direction every prompt shares (mean-pooled hidden states are all close in cosine).
 
+With `detectors` (score "discriminant", `discriminants`) each expert is detected on its own instead of the
+experts competing in one softmax, so a prompt that needs two skills can keep both:
+
+    z_i,t = (h̄_t − μ) · v_i − o_i        v_i = Σ_λ⁻¹ (c_i − μ) / s_i,  Σ_λ = Σ + λ · mean(diag Σ) · I
+    g_i,t = z⁺_i,t / max_j z⁺_j,t  where z⁺_i,t ≥ θ · max_j z⁺_j,t > 0, else 0       z⁺ = max(z, 0)
+
+Σ is the experts' prompts' pooled within-expert covariance (the linear discriminant of Gaussian classes
+with one shared covariance, shrunk by λ), and s_i, o_i scale z_i to 1 on average over expert i's prompts
+and 0 over the other experts' prompts. Whitening by Σ weighs the directions that tell the experts'
+prompts apart (an instruction, "Answer in XML:") over those their content varies along. No expert
+detected (every z ≤ 0) gives every gate 0: the product rule is then the base.
+
 Reductions: all posteriors equal → every g = 1 → the rule with its fixed weights; one expert certain
 (π = e_j) → only expert j applies (with the product rule and w_j = 1, exactly expert j). θ = 1 keeps
 only the top expert at each position. The running mean is causal, so scoring a sequence in one forward
@@ -24,35 +36,56 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from .config import ROUTING_SCORES
+
 RouteState = tuple[torch.Tensor, torch.Tensor]  # (sum of hidden states (B, d), token count (B, 1)) of a row's tokens so far
 
 
 class Router(torch.nn.Module):
     """The gates of `CompositionConfig.routing` (centroids in the composition's expert order), on the model's device."""
 
-    def __init__(self, centroids: torch.Tensor, tau: float, threshold: float):
+    def __init__(self, centroids: torch.Tensor, tau: float, threshold: float,
+                 detectors: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """`detectors`: None (cosine posteriors), or (v (k, d), o (k,)) of the discriminant scores."""
         super().__init__()
         self.tau, self.threshold = tau, threshold
         centre = centroids.mean(0)  # (d,)
         # (k, d) unit directions of the centred centroids; a zero direction (a single expert) scores 0
         self.register_buffer("directions", F.normalize(centroids - centre, dim=-1), persistent=False)
         self.register_buffer("centre", centre, persistent=False)
+        self.discriminant = detectors is not None
+        if detectors is not None:
+            self.register_buffer("detector_directions", detectors[0].to(centre.dtype), persistent=False)  # (k, d)
+            self.register_buffer("detector_offsets", detectors[1].to(centre.dtype), persistent=False)  # (k,)
 
     @classmethod
     def from_config(cls, routing: dict, experts: list[str], dtype=torch.float32) -> Router:
         centroids = torch.tensor([routing["centroids"][e] for e in experts], dtype=dtype)  # (k, d)
-        return cls(centroids, routing["tau"], routing["threshold"])
+        detectors = routing.get("detectors")
+        if detectors is not None:
+            detectors = (torch.tensor([detectors[e]["direction"] for e in experts], dtype=dtype),  # (k, d)
+                         torch.tensor([detectors[e]["offset"] for e in experts], dtype=dtype))  # (k,)
+        return cls(centroids, routing["tau"], routing["threshold"], detectors)
 
     def posterior(self, means: torch.Tensor) -> torch.Tensor:
         """π (..., k) from mean hidden states (..., d)."""
         x = F.normalize(means.to(self.centre.dtype) - self.centre, dim=-1)  # (..., d)
         return torch.softmax(x @ self.directions.T / self.tau, dim=-1)  # (..., k)
 
+    def evidence(self, means: torch.Tensor) -> torch.Tensor:
+        """Each expert's evidence (..., k) ≥ 0 from mean hidden states (..., d): π, or z⁺ with detectors."""
+        if not self.discriminant:
+            return self.posterior(means)
+        z = (means.to(self.centre.dtype) - self.centre) @ self.detector_directions.T - self.detector_offsets  # (..., k)
+        return z.clamp(min=0)
+
     def gates(self, means: torch.Tensor) -> torch.Tensor:
-        """g (..., k) from mean hidden states (..., d): each posterior over the top one, 0 below the threshold."""
-        pi = self.posterior(means)  # (..., k)
-        top = pi.amax(-1, keepdim=True)  # (..., 1)
-        return torch.where(pi >= self.threshold * top, pi / top, torch.zeros_like(pi)).float()
+        """g (..., k) from mean hidden states (..., d): each evidence over the top one, 0 below the threshold
+        (every gate 0 where no expert has evidence)."""
+        e = self.evidence(means)  # (..., k)
+        top = e.amax(-1, keepdim=True)  # (..., 1)
+        keep = (e >= self.threshold * top) & (top > 0)
+        return torch.where(keep, e / top.clamp(min=torch.finfo(e.dtype).tiny), torch.zeros_like(e)).float()
 
 
 def running_means(hidden: torch.Tensor, mask: torch.Tensor | None, state: RouteState | None) -> tuple[torch.Tensor, RouteState]:
@@ -98,20 +131,63 @@ def prompt_means(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) 
     return torch.cat(out)
 
 
+def expert_prompt_means(model, tokenizer, prompts: dict[str, list[str]], batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """Expert name -> `prompt_means` (n, d) of its prompts."""
+    return {name: prompt_means(model, tokenizer, texts, batch_size) for name, texts in prompts.items()}
+
+
 def fit_centroids(model, tokenizer, prompts: dict[str, list[str]], batch_size: int = 8) -> dict[str, list[float]]:
     """Expert name -> its centroid (the mean of `prompt_means` over its prompts), as `routing.centroids` takes it."""
-    return {name: prompt_means(model, tokenizer, texts, batch_size).mean(0).tolist() for name, texts in prompts.items()}
+    return {name: means.mean(0).tolist() for name, means in expert_prompt_means(model, tokenizer, prompts, batch_size).items()}
+
+
+def discriminants(means: dict[str, torch.Tensor], shrinkage: float = 1.0) -> dict[str, dict]:
+    """Expert name -> {"direction": v_i, "offset": o_i} of the discriminant scores (see the module's formula)
+    from each expert's prompt means (n_i, d), as `routing.detectors` takes them; computed in float64.
+
+    Raises:
+        ValueError: an expert whose prompts score no higher than the other experts' (nothing tells them apart).
+    """
+    names = list(means)
+    x = {n: m.double() for n, m in means.items()}
+    centroids = torch.stack([x[n].mean(0) for n in names])  # (k, d)
+    centre = centroids.mean(0)  # (d,)
+    if len(names) == 1:  # nothing to tell apart: the one expert is always detected (z = 1)
+        return {names[0]: {"direction": [0.0] * centre.numel(), "offset": -1.0}}
+    within = torch.cat([x[n] - centroids[i] for i, n in enumerate(names)])  # (N, d)
+    cov = within.T @ within / len(within)  # (d, d)
+    cov = cov + shrinkage * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype)
+    raw = torch.linalg.solve(cov, (centroids - centre).T).T  # (k, d): Σ_λ⁻¹ (c_i − μ)
+    out = {}
+    for i, name in enumerate(names):
+        own = ((x[name] - centre) @ raw[i]).mean()
+        other = torch.cat([(x[m] - centre) @ raw[i] for m in names if m != name]).mean()
+        if not own > other:
+            raise ValueError(f"routing: expert {name!r}'s prompts score no higher than the other experts' ({own:.3g} <= {other:.3g})")
+        out[name] = {"direction": (raw[i] / (own - other)).tolist(), "offset": float(other / (own - other))}
+    return out
+
+
+def routing_config(means: dict[str, torch.Tensor], tau: float = 0.1, threshold: float = 0.0, score: str = "cosine",
+                   shrinkage: float = 1.0) -> dict:
+    """`CompositionConfig.routing` from each expert's prompt means (n_i, d): centroids, τ, θ, and with score
+    "discriminant" the detectors (`discriminants`)."""
+    if score not in ROUTING_SCORES:
+        raise ValueError(f"routing score: expected one of {list(ROUTING_SCORES)}, got {score!r}")
+    routing = {"centroids": {n: m.mean(0).tolist() for n, m in means.items()}, "tau": tau, "threshold": threshold}
+    return routing | ({"detectors": discriminants(means, shrinkage)} if score == "discriminant" else {})
 
 
 def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float = 0.1, threshold: float = 0.0,
-                batch_size: int = 8) -> None:
-    """Route `composed` (a `ComposedModelForCausalLM`) by hidden-state centroids of these prompts (expert name
-    -> prompts of its skill, every composed expert), computed by its base with the adapters disabled; sets its
-    `composition.routing` (saved with it by `save_pretrained`)."""
+                batch_size: int = 8, score: str = "cosine", shrinkage: float = 1.0) -> None:
+    """Route `composed` (a `ComposedModelForCausalLM`) by the hidden states of these prompts (expert name ->
+    prompts of its skill, every composed expert), computed by its base with the adapters disabled: cosine
+    posteriors of centroids, or (score "discriminant") per-expert detectors; sets its `composition.routing`
+    (saved with it by `save_pretrained`)."""
     from contextlib import nullcontext
 
     from peft import PeftModel
 
     with composed.model.disable_adapter() if isinstance(composed.model, PeftModel) else nullcontext():
-        centroids = fit_centroids(composed._hf_model, tokenizer, prompts, batch_size)
-    composed.composition = composed.composition.with_routing({"centroids": centroids, "tau": tau, "threshold": threshold})
+        means = expert_prompt_means(composed._hf_model, tokenizer, prompts, batch_size)
+    composed.composition = composed.composition.with_routing(routing_config(means, tau, threshold, score, shrinkage))

@@ -4,19 +4,20 @@ A named row takes any `compose:` option (eos_policy, rule, rule_params, ...) ove
 flat or under `compose:`; it sweeps λ (every expert's weight times λ) or a parameter of its rule.
 With `route:` its experts' weights are gated per position by hidden-state routing (`logitcomp.routing`):
 each expert's centroid from prompts of its skill, by default the `prompts.jsonl` its trainer left in its
-folder (one JSON object with a "prompt" string per line; the first `limit` are read); it then also
-sweeps `tau` or `threshold`.
+folder (one JSON object with a "prompt" string per line; the first `limit` are read); `score:
+discriminant` detects each expert on its own (`shrinkage` λ of the covariance) instead of the cosine
+posteriors; it then also sweeps `tau`, `threshold` or `shrinkage`.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
-from logitcomp.config import CompositionConfig
+from logitcomp.config import ROUTING_SCORES, CompositionConfig
 from logitcomp.rules import get_rule
 
 from ..errors import not_a_number
@@ -25,7 +26,7 @@ from .kind import SWEEP_KEY, Kind, Options, Variant
 # `compose:` holds CompositionConfig's options; weights live with each expert, tracing is for `generate --trace`,
 # routing's centroids are computed from a row's `route:` prompts
 COMPOSE_KEYS = tuple(f.name for f in fields(CompositionConfig) if f.name not in ("weights", "trace", "routing"))
-ROUTE_SWEEPS = ("tau", "threshold")
+ROUTE_SWEEPS = ("tau", "threshold", "shrinkage")
 PROMPTS_FILE = "prompts.jsonl"  # an expert's own routing prompts, in its folder
 
 
@@ -45,6 +46,8 @@ class RouteOptions(Options):
     prompts: dict[str, str] = Field(default_factory=dict)  # expert -> JSONL of prompts (relative to the recipe); default: its prompts.jsonl
     tau: float = Field(default=0.1, gt=0, le=100, allow_inf_nan=False)
     threshold: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    score: Literal[ROUTING_SCORES] = "cosine"  # cosine posteriors of centroids, or per-expert discriminant detectors
+    shrinkage: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False)  # λ of the discriminant's covariance
     limit: int = Field(default=200, ge=1)
 
 
@@ -99,6 +102,7 @@ class ComposedKind(Kind):
     @contextmanager
     def model(self, row: Variant, pool):
         from logitcomp import ComposedModelForCausalLM
+        from logitcomp.routing import routing_config
 
         peft = pool.peft()
         full = {n: pool.full_expert(n) for n in row.experts if n not in pool.lora}
@@ -106,8 +110,8 @@ class ComposedKind(Kind):
         config = row.config
         if row.parameters.get("route"):
             route = row.parameters["route"]
-            centroids = pool.centroids(_prompt_files(row, pool.paths), route["limit"])
-            config = config.with_routing({"centroids": centroids, "tau": route["tau"], "threshold": route["threshold"]})
+            means = pool.prompt_means(_prompt_files(row, pool.paths), route["limit"])
+            config = config.with_routing(routing_config(means, route["tau"], route["threshold"], route["score"], route["shrinkage"]))
         yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(row.experts), full, config, sources)
 
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp import ComposedModelForCausalLM, CompositionConfig, compose_logprobs, fit_routing
 from logitcomp.ops import Composer, apply_eos_policy
-from logitcomp.routing import Router, running_means
+from logitcomp.routing import Router, discriminants, routing_config, running_means
 from reference import merged_expert, row_logprobs
 
 V = 11
@@ -47,6 +47,63 @@ def test_gates_are_the_documented_formula():
         _close(router.gates(means), _hand_gates(means, list(centroids), tau, threshold))
         assert (router.gates(means).amax(-1) == 1).all()  # the top expert always keeps its weight
     assert (Router(centroids, 0.1, 1.0).double().gates(means).sum(-1) == 1).all()  # θ = 1: the top one alone
+
+
+def _hand_detectors(means: dict, shrinkage: float):
+    """(v (k, d), o (k,)) by the module's formula, one expert and one prompt at a time, in numpy float64."""
+    import numpy as np
+
+    x = {n: m.double().numpy() for n, m in means.items()}
+    names = list(x)
+    centroids = np.stack([x[n].mean(0) for n in names])
+    centre = centroids.mean(0)
+    d = centre.size
+    cov = sum(np.outer(p - centroids[i], p - centroids[i]) for i, n in enumerate(names) for p in x[n]) / sum(len(x[n]) for n in names)
+    precision = np.linalg.inv(cov + shrinkage * np.trace(cov) / d * np.eye(d))
+    v, o = [], []
+    for i, n in enumerate(names):
+        raw = precision @ (centroids[i] - centre)
+        own = np.mean([(p - centre) @ raw for p in x[n]])
+        other = np.mean([(p - centre) @ raw for m in names if m != n for p in x[m]])
+        v.append(raw / (own - other))
+        o.append(other / (own - other))
+    return torch.tensor(np.stack(v)), torch.tensor(o)
+
+
+def test_discriminant_gates_are_the_documented_formula_and_score_one_on_own_prompts_zero_on_the_others():
+    gen = torch.Generator().manual_seed(2)
+    means = {n: torch.randn(6 + i, 5, generator=gen).double() + 2 * torch.eye(5)[i] for i, n in enumerate("abc")}
+    queries = torch.randn(9, 5, generator=gen).double()
+    for shrinkage, threshold in ((1.0, 0.0), (0.1, 0.5), (10.0, 1.0)):
+        routing = routing_config(means, threshold=threshold, score="discriminant", shrinkage=shrinkage)
+        v, o = _hand_detectors(means, shrinkage)
+        _close(torch.tensor([routing["detectors"][n]["direction"] for n in "abc"], dtype=torch.float64), v, tol=1e-9)
+        _close(torch.tensor([routing["detectors"][n]["offset"] for n in "abc"], dtype=torch.float64), o, tol=1e-9)
+        router = Router.from_config(routing, list("abc"), dtype=torch.float64)
+        centre = torch.stack([m.mean(0) for m in means.values()]).mean(0)
+        z = ((queries - centre) @ v.T - o).clamp(min=0)  # (9, 3)
+        top = z.amax(-1, keepdim=True)
+        want = torch.where((z >= threshold * top) & (top > 0), z / top, torch.zeros_like(z))
+        _close(router.gates(queries), want)
+        for i, n in enumerate("abc"):  # z_i: mean 1 over expert i's own prompts, 0 over the other experts' prompts
+            z_own = (means[n] - centre) @ v[i] - o[i]
+            z_other = torch.cat([(means[m] - centre) @ v[i] - o[i] for m in "abc" if m != n])
+            assert abs(z_own.mean() - 1) < 1e-9 and abs(z_other.mean()) < 1e-9
+
+
+def test_discriminant_reductions_equal_evidence_one_expert_and_none():
+    base, e1, e2 = _logp(3, seed=6), _logp(3, seed=7), _logp(3, seed=8)
+    d = 2
+    detect = lambda v, o: Router(torch.zeros(2, d), 0.1, 0.5, (torch.tensor(v), torch.tensor(o)))  # noqa: E731
+    h = torch.tensor([[1.0, 0.0]])
+    assert detect([[1.0, 0.0], [1.0, 0.0]], [0.0, 0.0]).gates(h).tolist() == [[1.0, 1.0]]  # equal evidence: both, weight 1
+    assert detect([[1.0, 0.0], [0.0, 1.0]], [0.0, 0.0]).gates(h).tolist() == [[1.0, 0.0]]  # only the first detected
+    none = detect([[-1.0, 0.0], [0.0, 1.0]], [0.0, 0.0]).gates(h)  # no evidence for either: every gate 0
+    assert none.tolist() == [[0.0, 0.0]]
+    _close(Composer.build([1.0, 1.0])(base, [e1, e2], gates=none.expand(3, 2).double()), base, tol=1e-6)  # the product: the base
+    assert discriminants({"only": torch.randn(4, d)}) == {"only": {"direction": [0.0] * d, "offset": -1.0}}  # one expert: always 1
+    with pytest.raises(ValueError, match=r"routing: expert 'a''s prompts score no higher than the other experts' \(0 <= 0\)"):
+        discriminants({"a": torch.tensor([[0.0, 1.0], [0.0, -1.0]]), "b": torch.tensor([[0.0, 1.0], [0.0, -1.0]])})
 
 
 def test_running_means_leave_out_padding_and_continue_from_a_state():
@@ -107,7 +164,15 @@ def test_routing_is_validated_by_key_and_expert():
                              ({**good, "tau": 0}, r"routing\.tau: expected a number in \(0, 100\]"),
                              ({**good, "threshold": 2}, r"routing\.threshold: expected a number in \[0, 1\]"),
                              ({**good, "temperature": 1}, r"routing: unknown key 'temperature'"),
-                             ({"centroids": {"a": [float("nan")]}}, r"routing\.centroids\['a'\]: expected a non-empty list of finite numbers")):
+                             ({"centroids": {"a": [float("nan")]}}, r"routing\.centroids\['a'\]: expected a non-empty list of finite numbers"),
+                             ({**good, "detectors": {"a": {"direction": [1.0, 0.0], "offset": 0.0}}},
+                              r"routing\.detectors: expected one detector per expert of the centroids \['a', 'b'\]"),
+                             ({**good, "detectors": {"a": {"direction": [1.0], "offset": 0.0}, "b": {"direction": [0.0, 1.0], "offset": 0.0}}},
+                              r"routing\.detectors\['a'\]\.direction: expected 2 finite numbers"),
+                             ({**good, "detectors": {"a": {"direction": [1.0, 0.0], "offset": "x"}, "b": {"direction": [0.0, 1.0], "offset": 0.0}}},
+                              r"routing\.detectors\['a'\]\.offset: expected a finite number"),
+                             ({**good, "detectors": {"a": {"direction": [1.0, 0.0]}, "b": {"direction": [0.0, 1.0], "offset": 0.0}}},
+                              r"routing\.detectors\['a'\]: expected a mapping with direction and offset")):
         with pytest.raises(ValueError, match=message):
             CompositionConfig(routing=routing)
     with pytest.raises(ValueError, match=r"routing\.centroids: expected one centroid per composed expert \['a', 'c'\]; 'c'"):
@@ -134,17 +199,31 @@ def _hand_centroid(base, tok, prompts):
     return torch.stack([_base_hidden(base, tok(p)["input_ids"]).mean(0) for p in prompts]).mean(0)
 
 
-def _routed(tiny, tok, tau=0.05, threshold=0.2):
+def _routed(tiny, tok, score="cosine", tau=0.05, threshold=0.2):
     composed = ComposedModelForCausalLM.from_experts(tiny.base, {n: tiny.adapters[n] for n in ("a", "b")}, {"a": 1.0, "b": 0.8})
-    fit_routing(composed, tok, ROUTE_PROMPTS, tau=tau, threshold=threshold, batch_size=2)
+    fit_routing(composed, tok, ROUTE_PROMPTS, tau=tau, threshold=threshold, batch_size=2, score=score, shrinkage=0.5)
     return composed
 
 
-def test_routed_forward_matches_separate_models_with_hand_gates(tiny, world):
+def _hand_discriminant_gates(means, centroids, detectors, threshold):
+    """g_i = z⁺_i / max z⁺ where z⁺_i ≥ θ max z⁺ > 0, z_i = (h − μ)·v_i − o_i, one position at a time."""
+    centre = sum(centroids) / len(centroids)
+    v, o = detectors
+    out = []
+    for h in means:
+        z = torch.stack([torch.dot(h - centre, v[i]) - o[i] for i in range(len(o))]).clamp(min=0)
+        out.append(torch.where((z >= threshold * z.max()) & (z.max() > 0), z / z.max(), torch.zeros_like(z)))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("score", ["cosine", "discriminant"])
+def test_routed_forward_matches_separate_models_with_hand_gates(tiny, world, score):
     tok, base, experts = world
-    composed = _routed(tiny, tok)
+    composed = _routed(tiny, tok, score)
     centroids = [_hand_centroid(base, tok, ROUTE_PROMPTS[n]) for n in ("a", "b")]
     _close(torch.tensor(composed.composition.routing["centroids"]["a"]), centroids[0], tol=1e-5)
+    hand_means = {n: torch.stack([_base_hidden(base, tok(p)["input_ids"]).mean(0) for p in ROUTE_PROMPTS[n]]) for n in ("a", "b")}
+    detectors = _hand_detectors(hand_means, 0.5)
     batch = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
     with torch.no_grad():
         out = composed(**batch, output_trace=True)
@@ -153,7 +232,7 @@ def test_routed_forward_matches_separate_models_with_hand_gates(tiny, world):
         ids = batch.input_ids[row][mask.bool()].tolist()
         hidden = _base_hidden(base, ids)
         means = hidden.cumsum(0) / torch.arange(1, len(ids) + 1).unsqueeze(-1)  # (T, d)
-        gates = _hand_gates(means, centroids, 0.05, 0.2)  # (T, 2)
+        gates = _hand_gates(means, centroids, 0.05, 0.2) if score == "cosine" else _hand_discriminant_gates(means, centroids, detectors, 0.2)  # (T, 2)
         lb = row_logprobs(base, ids)
         total = lb + sum(w * gates[:, i:i + 1] * (row_logprobs(experts[n], ids) - lb) for i, (n, w) in enumerate((("a", 1.0), ("b", 0.8))))
         want = torch.log_softmax(total, -1)
@@ -164,9 +243,10 @@ def test_routed_forward_matches_separate_models_with_hand_gates(tiny, world):
     assert seen == {0, 1}, "the prompts were meant to route to both experts"
 
 
-def test_routed_decoding_and_chunked_scoring_give_the_one_forward_numbers(tiny, world, tmp_path):
+@pytest.mark.parametrize("score", ["cosine", "discriminant"])
+def test_routed_decoding_and_chunked_scoring_give_the_one_forward_numbers(tiny, world, tmp_path, score):
     tok, _, _ = world
-    composed = _routed(tiny, tok)
+    composed = _routed(tiny, tok, score)
     batch = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
     out = composed.generate(**batch, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True,
                             pad_token_id=tok.pad_token_id, eos_token_id=None)
@@ -179,7 +259,8 @@ def test_routed_decoding_and_chunked_scoring_give_the_one_forward_numbers(tiny, 
     with torch.no_grad():
         _close(composed(out.sequences, attention_mask=mask).logits, whole, tol=1e-4)
     composed.save_pretrained(tmp_path / "routed")
-    assert json.loads((tmp_path / "routed" / "composition.json").read_text())["composition"]["routing"]["tau"] == 0.05
+    saved = json.loads((tmp_path / "routed" / "composition.json").read_text())["composition"]["routing"]
+    assert saved["tau"] == 0.05 and ("detectors" in saved) == (score == "discriminant")
     again = ComposedModelForCausalLM.from_pretrained(tmp_path / "routed")
     with torch.no_grad():
         _close(again(out.sequences, attention_mask=mask).logits, whole, tol=1e-5)
