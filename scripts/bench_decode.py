@@ -23,6 +23,11 @@ transformers computes it (`F.linear`), the before of logitcomp/head.py's layout.
 `--rule NAME` (repeatable) adds a `composed@NAME` setup per composition rule (default parameters),
 reported beside the product rule's `composed`.
 
+`--route SCORE` (repeatable: cosine, discriminant) adds a `composed~SCORE` setup: the product rule routed
+per position (logitcomp/routing.py) by random centroids (and detectors) that keep every expert's gate
+above 0, so each step pays for the routing (the base rows' hidden states, the running means, the gates,
+the gated composition) and composes every expert; reported beside the unrouted `composed`.
+
 `--generate` measures the path users decode through instead: transformers' `generate` (greedy,
 `min_new_tokens` = `max_new_tokens`, so every row decodes the same number of steps), as lm-eval
 calls it; decode steps/s = (N − 1) / (t(N new tokens) − t(1 new token)), the prefill left out as in
@@ -69,6 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
+    p.add_argument("--route", action="append", default=[], choices=["cosine", "discriminant"],
+                   help="also time the composed model routed with this score (repeatable)")
     p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
     p.add_argument("--compile", action="store_true", help="with --generate: also time each setup with a static cache and the compiled step")
     p.add_argument("--base", help="a real base model folder instead of the random Llama (its vocabulary replaces --vocab)")
@@ -126,7 +133,7 @@ def load_generator(setup: str, root: Path, args):
     """The model whose `generate` a `--generate` run times: the base alone or the composition."""
     from transformers import AutoModelForCausalLM
 
-    from logitcomp import ComposedModelForCausalLM, CompositionConfig
+    from logitcomp import ComposedModelForCausalLM
 
     dtype = getattr(torch, args.dtype)
     if setup == "single":
@@ -136,9 +143,9 @@ def load_generator(setup: str, root: Path, args):
             import logitcomp.head
 
             logitcomp.head.MIN_VOCAB = sys.maxsize
-        config = CompositionConfig(rule=setup.removesuffix("-plainhead").partition("@")[2] or "product")
         experts = {f"e{i}": root / f"e{i}" for i in range(args.k)}
-        return ComposedModelForCausalLM.from_experts(base_of(args, root), experts, config=config, dtype=dtype, device=args.device)
+        return ComposedModelForCausalLM.from_experts(base_of(args, root), experts, config=composition_of(setup, root, args),
+                                                     dtype=dtype, device=args.device)
     sys.exit(f"bench_decode: --generate times single and composed only, not {setup}")
 
 
@@ -171,12 +178,33 @@ def decode_generate(model, args, compiled: bool) -> tuple[float, float]:
     return (args.new - 1) / (timed(args.new) - timed(1)), first
 
 
+def composition_of(setup: str, root: Path, args):
+    """The CompositionConfig of composed, composed@RULE or composed~SCORE (the product rule routed by random
+    centroids, and for `discriminant` detectors that detect every expert: every gate above 0)."""
+    from transformers import AutoConfig
+
+    from logitcomp import CompositionConfig
+
+    name = setup.removesuffix("-plainhead")
+    config = CompositionConfig(rule=name.partition("@")[2] or "product")
+    score = name.partition("~")[2]
+    if not score:
+        return config
+    hidden = AutoConfig.from_pretrained(base_of(args, root)).hidden_size
+    gen = torch.Generator().manual_seed(0)
+    names = [f"e{i}" for i in range(args.k)]
+    routing = {"centroids": {n: torch.randn(hidden, generator=gen).tolist() for n in names}, "tau": 1.0, "threshold": 0.0}
+    if score == "discriminant":  # z = 1 for every expert at every position
+        routing["detectors"] = {n: {"direction": [0.0] * hidden, "offset": -1.0} for n in names}
+    return config.with_routing(routing)
+
+
 def make_step(setup: str, root: Path, args):
     """Load one setup; return step(ids, mask, cache) -> (next-token ids (B,), cache)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from logitcomp import ComposedModelForCausalLM, CompositionConfig, compose_logprobs
+    from logitcomp import ComposedModelForCausalLM, compose_logprobs
     from logitcomp.model import position_ids
 
     dtype, device = getattr(torch, args.dtype), args.device
@@ -191,9 +219,9 @@ def make_step(setup: str, root: Path, args):
             return out.logits[:, -1].argmax(-1), out.cache
         return step
 
-    if setup.startswith("composed"):  # composed (the product rule) or composed@RULE
-        config = CompositionConfig(rule=setup.partition("@")[2] or "product")
-        model = ComposedModelForCausalLM.from_experts(base_of(args, root), experts, config=config, dtype=dtype, device=device)
+    if setup.startswith("composed"):  # composed (the product rule), composed@RULE or composed~SCORE
+        model = ComposedModelForCausalLM.from_experts(base_of(args, root), experts, config=composition_of(setup, root, args),
+                                                      dtype=dtype, device=device)
 
         def step(ids, mask, cache):
             out = model(ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
@@ -299,7 +327,7 @@ def measure(args, argv=None) -> dict:
     """Every setup measured in its own process (the same command line with `--child SETUP`): setup -> result."""
     with tempfile.TemporaryDirectory() as tmp:
         build_world(args, Path(tmp))
-        setups = args.setups.split(",") + [f"composed@{rule}" for rule in args.rule]
+        setups = args.setups.split(",") + [f"composed@{rule}" for rule in args.rule] + [f"composed~{score}" for score in args.route]
         setups += [f"{s}+compile" for s in setups] if args.compile else []
         return run_setups(__file__, argv if argv is not None else sys.argv[1:], setups, tmp)
 
@@ -332,6 +360,10 @@ def report(args, results: dict) -> None:
             r = results[f"composed@{rule}"]
             print(f"rule {rule}: {r['steps_per_s']:.1f} steps/s = {r['steps_per_s'] / comp['steps_per_s']:.2f}x the product rule's; "
                   f"composition {r['compose_s'] * 1e3:.2f} ms vs {comp['compose_s'] * 1e3:.2f} ms")
+        for score in args.route:
+            r = results[f"composed~{score}"]
+            print(f"routed ({score}): {r['steps_per_s']:.1f} steps/s = {r['steps_per_s'] / comp['steps_per_s']:.2f}x the product rule's "
+                  f"(every expert kept: the routing's cost alone)")
 
 
 if __name__ == "__main__":
