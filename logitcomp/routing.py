@@ -8,7 +8,7 @@ at inference.
     g_i,t = π_i,t / max_j π_j,t   where π_i,t ≥ θ · max_j π_j,t, else 0
 
 and the composition rule runs with weights w_i · g_i,t. A centroid is the mean h̄ (at the last token) of
-prompts of the expert's skill, e.g. a sample of its training prompts (`fit_centroids`). Centring on μ
+prompts of the expert's skill, e.g. a sample of its training prompts (`routing_config`). Centring on μ
 removes the direction every prompt shares (mean-pooled hidden states are all close in cosine).
 
 With `detectors` (score "discriminant", `discriminants`) each expert is detected on its own instead of the
@@ -134,11 +134,6 @@ def prompt_means(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) 
 def expert_prompt_means(model, tokenizer, prompts: dict[str, list[str]], batch_size: int = 8) -> dict[str, torch.Tensor]:
     """Expert name -> `prompt_means` (n, d) of its prompts."""
     return {name: prompt_means(model, tokenizer, texts, batch_size) for name, texts in prompts.items()}
-
-
-def fit_centroids(model, tokenizer, prompts: dict[str, list[str]], batch_size: int = 8) -> dict[str, list[float]]:
-    """Expert name -> its centroid (the mean of `prompt_means` over its prompts), as `routing.centroids` takes it."""
-    return {name: means.mean(0).tolist() for name, means in expert_prompt_means(model, tokenizer, prompts, batch_size).items()}
 
 
 def discriminants(means: dict[str, torch.Tensor], shrinkage: float = 1.0) -> dict[str, dict]:
