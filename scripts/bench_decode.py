@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from bench_child import emit, run_setups
+from logitcomp.config import ROUTING_SCORES
 
 SETUPS = ("single", "composed", "peft", "naive")
 
@@ -74,7 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
-    p.add_argument("--route", action="append", default=[], choices=["cosine", "discriminant"],
+    p.add_argument("--route", action="append", default=[], choices=ROUTING_SCORES,
                    help="also time the composed model routed with this score (repeatable)")
     p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
     p.add_argument("--compile", action="store_true", help="with --generate: also time each setup with a static cache and the compiled step")

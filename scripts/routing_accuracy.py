@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from logitcomp.config import ROUTING_SCORES
 from logitcomp.routing import Router, expert_prompt_means, prompt_means, routing_config
 from merging.pool import read_prompts
 
@@ -48,7 +49,7 @@ def main(argv=None) -> None:
     parser.add_argument("world", type=Path)
     parser.add_argument("--experts", required=True)
     parser.add_argument("--tasks", required=True, help="TASK=EXPERT[+EXPERT],...")
-    parser.add_argument("--score", choices=["cosine", "discriminant"], default="cosine")
+    parser.add_argument("--score", choices=ROUTING_SCORES, default="cosine")
     parser.add_argument("--tau", type=float, nargs="+", default=[0.05, 0.1, 0.2], help="cosine posteriors' temperatures")
     parser.add_argument("--shrinkage", type=float, nargs="+", default=[1.0], help="the discriminant's covariance shrinkage λ")
     parser.add_argument("--threshold", type=float, nargs="+", default=[0.3], help="θ: gates below θ · the top one's are 0")
