@@ -31,6 +31,7 @@ def check_eos_policy(policy) -> str:
 
 
 ROUTING_SCORES = ("cosine", "discriminant")  # how routing scores the experts' evidence (logitcomp.routing)
+ROUTING_GATES = ("scaled", "binary")  # a kept expert's gate: its evidence over the top one's, or 1 (logitcomp.routing)
 
 
 def check_routing(routing) -> dict | None:
@@ -38,15 +39,17 @@ def check_routing(routing) -> dict | None:
 
     `centroids`: expert name -> its centroid (d numbers, one length for all); `tau` in (0, 100]: the
     posterior's temperature; `threshold` in [0, 1]: experts whose posterior is below this share of the
-    top one's get weight 0; `detectors` (optional): expert name -> {"direction": d numbers, "offset": a
+    top one's get weight 0; `gates` in ROUTING_GATES (default "scaled"): a kept expert's gate is its evidence
+    over the top one's, or ("binary") 1; `update` (default true): false holds, in every forward that continues a
+    cache (each `generate` step), the gates the cache's first forward (the prompt) ended with; `detectors` (optional): expert name -> {"direction": d numbers, "offset": a
     number}, the discriminant scores that replace the cosine posteriors (see `logitcomp.routing`)."""
     if routing is None:
         return None
     if not isinstance(routing, dict):
         raise ValueError(f"routing: expected a mapping with centroids, tau and threshold, got {routing!r}")
-    unknown = sorted(set(routing) - {"centroids", "tau", "threshold", "detectors"})
+    unknown = sorted(set(routing) - {"centroids", "tau", "threshold", "gates", "update", "detectors"})
     if unknown:
-        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: centroids, tau, threshold, detectors")
+        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: centroids, tau, threshold, gates, update, detectors")
     centroids = routing.get("centroids")
     if not isinstance(centroids, dict) or not centroids:
         raise ValueError(f"routing.centroids: expected a mapping of expert name to a list of numbers, got {centroids!r}")
@@ -64,6 +67,12 @@ def check_routing(routing) -> dict | None:
             bounds = f"[{low:g}, {high:g}]" if closed else f"({low:g}, {high:g}]"
             raise ValueError(f"routing.{key}: expected a number in {bounds}, got {value!r}")
         out[key] = float(value)
+    out["gates"] = routing.get("gates", "scaled")
+    if out["gates"] not in ROUTING_GATES:
+        raise ValueError(f"routing.gates: expected one of {list(ROUTING_GATES)}, got {out['gates']!r}")
+    out["update"] = routing.get("update", True)
+    if not isinstance(out["update"], bool):
+        raise ValueError(f"routing.update: expected true or false, got {out['update']!r}")
     if "detectors" in routing:
         out["detectors"] = _check_detectors(routing["detectors"], out["centroids"], length)
     return out

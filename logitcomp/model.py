@@ -199,9 +199,11 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         if chunk < length:  # a whole sequence scored in position chunks, continued through a cache
             out = self._forward_in_chunks(input_ids, attention_mask, position_ids, chunk, output_trace, use_cache)
         else:
+            # routing without update: a forward that continues a cache holds the gates of the cache's first forward
+            hold = self.router is not None and not self.router.update and cache is not None and cache.route is not None
             if use_cache and cache is None:
                 cache = ComposedCache(dict(self.full_experts))
-            out = self._step(input_ids, attention_mask, cache if use_cache else None, position_ids, logits_to_keep, output_trace)
+            out = self._step(input_ids, attention_mask, cache if use_cache else None, position_ids, logits_to_keep, output_trace, hold)
         if labels is not None:  # as transformers' causal LMs: position t scores labels[t + 1], -100 ignored
             if logits_to_keep:
                 raise ValueError("labels: a loss needs every position's logits; pass logits_to_keep=0")
@@ -209,9 +211,10 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             out["loss"] = torch.nn.functional.nll_loss(logp.flatten(0, 1), labels[:, 1:].flatten().to(logp.device), ignore_index=-100)
         return out
 
-    def _step(self, input_ids, attention_mask, cache, position_ids, logits_to_keep, output_trace) -> ComposedCausalLMOutput:
+    def _step(self, input_ids, attention_mask, cache, position_ids, logits_to_keep, output_trace, hold=False) -> ComposedCausalLMOutput:
         """One forward of every row (the grouped LoRA rows and each full expert), then the composition.
-        `cache`: continued and returned when given, else nothing is cached."""
+        `cache`: continued and returned when given, else nothing is cached. `hold`: route every new position by
+        the cache's mean so far (its routing state is left as it is) instead of the running mean."""
         batch, length = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
@@ -226,15 +229,19 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 cache=cache.rows if cache is not None else None,
                 use_cache=cache is not None,
                 logits_to_keep=logits_to_keep,
-                output_hidden_states=self.router is not None,
+                output_hidden_states=self.router is not None and not hold,
             )
         grouped = out.logits.view(groups, batch, *out.logits.shape[1:])  # (G, B, T', V)
         gates = None
         if self.router is not None:  # the base rows' hidden states: the first block
-            mask = None if attention_mask is None else attention_mask[:, -length:]
-            means, state = running_means(last_hidden(out)[:batch], mask, cache.route if cache is not None else None)  # (B, T, d)
-            if cache is not None:
-                cache.route = state
+            if hold:  # the prompt's mean (B, d) at every new position
+                sums, counts = cache.route
+                means = (sums / counts.clamp(min=1.0)).unsqueeze(1).expand(-1, grouped.shape[2], -1)  # (B, T', d)
+            else:
+                mask = None if attention_mask is None else attention_mask[:, -length:]
+                means, state = running_means(last_hidden(out)[:batch], mask, cache.route if cache is not None else None)  # (B, T, d)
+                if cache is not None:
+                    cache.route = state
             gates = self.router.gates(means[:, -grouped.shape[2]:])  # (B, T', k)
         by_name = dict(zip(self.lora_experts, grouped[1:]))
         for name, expert in self.full_experts.items():

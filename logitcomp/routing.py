@@ -23,10 +23,19 @@ and 0 over the other experts' prompts. Whitening by Σ weighs the directions tha
 prompts apart (an instruction, "Answer in XML:") over those their content varies along. No expert
 detected (every z ≤ 0) gives every gate 0: the product rule is then the base.
 
+With `gates: binary` every kept expert's gate is 1 (g_i,t = 1 where the rule above keeps expert i, else 0): the
+experts the evidence keeps are composed at their full weights, as a composition of exactly those experts.
+
+With `update: false` the gates stop following the tokens a model generates: a forward that continues a cache
+(each decoding step of `generate`) uses the gates of the mean over the tokens of the cache's first forward (the
+prompt), the prompt posterior of Branch-Train-Merge without its per-token update. A sequence scored in one
+forward is routed position by position as above either way (each position's prefix is its prompt), so with
+`update: false` a generated token's decoding log-probs are those of the prompt's gates, not of its prefix's.
+
 Reductions: all posteriors equal → every g = 1 → the rule with its fixed weights; one expert certain
 (π = e_j) → only expert j applies (with the product rule and w_j = 1, exactly expert j). θ = 1 keeps
-only the top expert at each position. The running mean is causal, so scoring a sequence in one forward
-and decoding it token by token through the cache give the same gates.
+only the top expert at each position. The running mean is causal, so (with `update`, the default) scoring a
+sequence in one forward and decoding it token by token through the cache give the same gates.
 """
 
 from __future__ import annotations
@@ -45,10 +54,12 @@ class Router(torch.nn.Module):
     """The gates of `CompositionConfig.routing` (centroids in the composition's expert order), on the model's device."""
 
     def __init__(self, centroids: torch.Tensor, tau: float, threshold: float,
-                 detectors: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """`detectors`: None (cosine posteriors), or (v (k, d), o (k,)) of the discriminant scores."""
+                 detectors: tuple[torch.Tensor, torch.Tensor] | None = None, binary: bool = False, update: bool = True):
+        """`detectors`: None (cosine posteriors), or (v (k, d), o (k,)) of the discriminant scores; `binary`: a
+        kept expert's gate is 1 instead of its evidence over the top one's; `update`: False holds the prompt's
+        gates over the forwards that continue a cache."""
         super().__init__()
-        self.tau, self.threshold = tau, threshold
+        self.tau, self.threshold, self.binary, self.update = tau, threshold, binary, update
         centre = centroids.mean(0)  # (d,)
         # (k, d) unit directions of the centred centroids; a zero direction (a single expert) scores 0
         self.register_buffer("directions", F.normalize(centroids - centre, dim=-1), persistent=False)
@@ -65,7 +76,8 @@ class Router(torch.nn.Module):
         if detectors is not None:
             detectors = (torch.tensor([detectors[e]["direction"] for e in experts], dtype=dtype),  # (k, d)
                          torch.tensor([detectors[e]["offset"] for e in experts], dtype=dtype))  # (k,)
-        return cls(centroids, routing["tau"], routing["threshold"], detectors)
+        return cls(centroids, routing["tau"], routing["threshold"], detectors, routing.get("gates", "scaled") == "binary",
+                   routing.get("update", True))
 
     def posterior(self, means: torch.Tensor) -> torch.Tensor:
         """π (..., k) from mean hidden states (..., d)."""
@@ -80,11 +92,13 @@ class Router(torch.nn.Module):
         return z.clamp(min=0)
 
     def gates(self, means: torch.Tensor) -> torch.Tensor:
-        """g (..., k) from mean hidden states (..., d): each evidence over the top one, 0 below the threshold
-        (every gate 0 where no expert has evidence)."""
+        """g (..., k) from mean hidden states (..., d): each evidence over the top one (binary: 1), 0 below the
+        threshold (every gate 0 where no expert has evidence)."""
         e = self.evidence(means)  # (..., k)
         top = e.amax(-1, keepdim=True)  # (..., 1)
         keep = (e >= self.threshold * top) & (top > 0)
+        if self.binary:
+            return keep.float()
         return torch.where(keep, e / top.clamp(min=torch.finfo(e.dtype).tiny), torch.zeros_like(e)).float()
 
 
@@ -125,7 +139,8 @@ def prompt_means(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) 
         width = max(map(len, rows))
         ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device)  # (b, T)
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)  # (b, T)
-        hidden = last_hidden(model(input_ids=ids, attention_mask=mask, output_hidden_states=True))
+        # logits_to_keep=1: the head runs on one position only (the hidden states of every position are kept)
+        hidden = last_hidden(model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1))
         means, _ = running_means(hidden, mask, None)  # (b, T, d)
         out.append(means[torch.arange(len(mask)), mask.sum(-1) - 1])  # (b, d): the mean at each row's last token
     return torch.cat(out)
@@ -164,20 +179,24 @@ def discriminants(means: dict[str, torch.Tensor], shrinkage: float = 1.0) -> dic
 
 
 def routing_config(means: dict[str, torch.Tensor], tau: float = 0.1, threshold: float = 0.0, score: str = "cosine",
-                   shrinkage: float = 1.0) -> dict:
-    """`CompositionConfig.routing` from each expert's prompt means (n_i, d): centroids, τ, θ, and with score
-    "discriminant" the detectors (`discriminants`)."""
+                   shrinkage: float = 1.0, gates: str = "scaled", update: bool = True) -> dict:
+    """`CompositionConfig.routing` from each expert's prompt means (n_i, d): centroids, τ, θ, the gates' kind
+    (ROUTING_GATES), whether decoding updates them, and with score "discriminant" the detectors (`discriminants`)."""
     if score not in ROUTING_SCORES:
         raise ValueError(f"routing score: expected one of {list(ROUTING_SCORES)}, got {score!r}")
-    routing = {"centroids": {n: m.mean(0).tolist() for n, m in means.items()}, "tau": tau, "threshold": threshold}
+    routing = {"centroids": {n: m.mean(0).tolist() for n, m in means.items()}, "tau": tau, "threshold": threshold, "gates": gates,
+               "update": update}
     return routing | ({"detectors": discriminants(means, shrinkage)} if score == "discriminant" else {})
 
 
 def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float = 0.1, threshold: float = 0.0,
-                batch_size: int = 8, score: str = "cosine", shrinkage: float = 1.0) -> None:
+                batch_size: int = 8, score: str = "cosine", shrinkage: float = 1.0, gates: str = "scaled",
+                update: bool = True) -> None:
     """Route `composed` (a `ComposedModelForCausalLM`) by the hidden states of these prompts (expert name ->
     prompts of its skill, every composed expert), computed by its base with the adapters disabled: cosine
-    posteriors of centroids, or (score "discriminant") per-expert detectors; sets its `composition.routing`
+    posteriors of centroids, or (score "discriminant") per-expert detectors, with `gates` "scaled" or "binary"
+    (a kept expert at its full weight), and `update` False to hold the prompt's gates while decoding; sets its
+    `composition.routing`
     (saved with it by `save_pretrained`)."""
     from contextlib import nullcontext
 
@@ -185,4 +204,4 @@ def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float =
 
     with composed.model.disable_adapter() if isinstance(composed.model, PeftModel) else nullcontext():
         means = expert_prompt_means(composed._hf_model, tokenizer, prompts, batch_size)
-    composed.composition = composed.composition.with_routing(routing_config(means, tau, threshold, score, shrinkage))
+    composed.composition = composed.composition.with_routing(routing_config(means, tau, threshold, score, shrinkage, gates, update))

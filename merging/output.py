@@ -67,7 +67,8 @@ def ours(out: Path) -> bool:
 
 def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> None:
     """Refuse an output folder that holds another recipe's results (unless `force`). The selections
-    (`evaluate.select_on`, a row's `select_on`) may change: it picks among finished results and changes none of them."""
+    (`evaluate.select_on`, a row's `select_on`) may change: it picks among finished results and changes none of them;
+    and rows may be added (the recorded rows all kept as they were): only the new ones run."""
     recorded = out / "recipe.yaml"
     if not recorded.exists() or force:
         return
@@ -75,7 +76,9 @@ def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> Non
         before = _without_selection(yaml.safe_load(recorded.read_text()))
     except (yaml.YAMLError, TypeError, KeyError, AttributeError):
         before = None  # not a recipe this version wrote
-    if before != _without_selection(recipe.model_dump(mode="json")):
+    now = _without_selection(recipe.model_dump(mode="json"))
+    rows_before, rows_now = (before or {}).pop("variants", None), now.pop("variants")
+    if before != now or not isinstance(rows_before, list) or any(row not in rows_now for row in rows_before):
         raise RecipeError(f"output: {out} holds results of a different recipe; choose another output or pass --force")
 
 

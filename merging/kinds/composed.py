@@ -6,7 +6,8 @@ With `route:` its experts' weights are gated per position by hidden-state routin
 each expert's centroid from prompts of its skill, by default the `prompts.jsonl` its trainer left in its
 folder (one JSON object with a "prompt" string per line; the first `limit` are read); `score:
 discriminant` detects each expert on its own (`shrinkage` λ of the covariance) instead of the cosine
-posteriors; it then also sweeps `tau`, `threshold` or `shrinkage`.
+posteriors; `gates: binary` composes the kept experts at their full weights; `update: false` holds the
+prompt's gates while decoding; it then also sweeps `tau`, `threshold` or `shrinkage`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from logitcomp.config import ROUTING_SCORES, CompositionConfig
+from logitcomp.config import ROUTING_GATES, ROUTING_SCORES, CompositionConfig
 from logitcomp.rules import get_rule
 
 from ..errors import not_a_number
@@ -48,6 +49,8 @@ class RouteOptions(Options):
     threshold: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     score: Literal[ROUTING_SCORES] = "cosine"  # cosine posteriors of centroids, or per-expert discriminant detectors
     shrinkage: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False)  # λ of the discriminant's covariance
+    gates: Literal[ROUTING_GATES] = "scaled"  # a kept expert's gate: its evidence over the top one's, or 1
+    update: bool = True  # false: decoding holds the gates of the prompt
     limit: int = Field(default=200, ge=1)
 
 
@@ -111,7 +114,8 @@ class ComposedKind(Kind):
         if row.parameters.get("route"):
             route = row.parameters["route"]
             means = pool.prompt_means(_prompt_files(row, pool.paths), route["limit"])
-            config = config.with_routing(routing_config(means, route["tau"], route["threshold"], route["score"], route["shrinkage"]))
+            config = config.with_routing(routing_config(means, route["tau"], route["threshold"], route["score"],
+                                                        route["shrinkage"], route["gates"], route["update"]))
         yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(row.experts), full, config, sources)
 
 

@@ -1,4 +1,4 @@
-"""What every world shares: the training loop, right padding and jsonl files.
+"""What every world shares: the training loop, right padding, jsonl files and the experts' routing prompts.
 
 The loops are written by hand rather than with `transformers.Trainer`: the toy world feeds
 corrupted answer letters as inputs while scoring clean targets, which Trainer's shifted-label
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 log = logging.getLogger(__name__)
+ROUTE_PROMPTS = 200  # training prompts written to an expert's prompts.jsonl (what routed compositions fit on)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -164,3 +165,15 @@ def read_jsonl(path: Path) -> list[dict]:
 def write_jsonl(path: Path, docs: list[dict]) -> None:
     """Write dicts as one JSON line each."""
     Path(path).write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+
+def write_prompts(path: Path, prompts: list[str], seed: str) -> None:
+    """A seeded sample of ROUTE_PROMPTS distinct prompts of `prompts` (an expert's training prompts), one
+    {"prompt": ...} per line, written atomically."""
+    import random
+
+    from logitcomp.io import atomic_write_bytes
+
+    distinct = sorted(set(prompts))
+    sample = random.Random(f"{seed}:prompts").sample(distinct, min(ROUTE_PROMPTS, len(distinct)))
+    atomic_write_bytes(path, "".join(json.dumps({"prompt": p}) + "\n" for p in sample).encode())

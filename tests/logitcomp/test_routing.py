@@ -83,8 +83,10 @@ def test_discriminant_gates_are_the_documented_formula_and_score_one_on_own_prom
         centre = torch.stack([m.mean(0) for m in means.values()]).mean(0)
         z = ((queries - centre) @ v.T - o).clamp(min=0)  # (9, 3)
         top = z.amax(-1, keepdim=True)
-        want = torch.where((z >= threshold * top) & (top > 0), z / top, torch.zeros_like(z))
-        _close(router.gates(queries), want)
+        keep = (z >= threshold * top) & (top > 0)
+        _close(router.gates(queries), torch.where(keep, z / top, torch.zeros_like(z)))
+        binary = Router.from_config(routing | {"gates": "binary"}, list("abc"), dtype=torch.float64)
+        assert torch.equal(binary.gates(queries), keep.float())  # binary: every kept expert at gate 1
         for i, n in enumerate("abc"):  # z_i: mean 1 over expert i's own prompts, 0 over the other experts' prompts
             z_own = (means[n] - centre) @ v[i] - o[i]
             z_other = torch.cat([(means[m] - centre) @ v[i] - o[i] for m in "abc" if m != n])
@@ -98,6 +100,8 @@ def test_discriminant_reductions_equal_evidence_one_expert_and_none():
     h = torch.tensor([[1.0, 0.0]])
     assert detect([[1.0, 0.0], [1.0, 0.0]], [0.0, 0.0]).gates(h).tolist() == [[1.0, 1.0]]  # equal evidence: both, weight 1
     assert detect([[1.0, 0.0], [0.0, 1.0]], [0.0, 0.0]).gates(h).tolist() == [[1.0, 0.0]]  # only the first detected
+    both = Router(torch.zeros(2, d), 0.1, 0.5, (torch.tensor([[1.0, 0.0], [0.6, 0.0]]), torch.zeros(2)), binary=True)
+    assert both.gates(h).tolist() == [[1.0, 1.0]]  # binary: both kept (0.6 ≥ 0.5 · 1), each at its full weight
     none = detect([[-1.0, 0.0], [0.0, 1.0]], [0.0, 0.0]).gates(h)  # no evidence for either: every gate 0
     assert none.tolist() == [[0.0, 0.0]]
     _close(Composer.build([1.0, 1.0])(base, [e1, e2], gates=none.expand(3, 2).double()), base, tol=1e-6)  # the product: the base
@@ -159,11 +163,13 @@ def test_top_eos_policy_scores_eos_by_the_expert_of_the_largest_weight():
 
 def test_routing_is_validated_by_key_and_expert():
     good = {"centroids": {"a": [1.0, 0.0], "b": [0.0, 1.0]}}
-    assert CompositionConfig(routing=good).routing == {**good, "tau": 0.1, "threshold": 0.0}
+    assert CompositionConfig(routing=good).routing == {**good, "tau": 0.1, "threshold": 0.0, "gates": "scaled", "update": True}
     for routing, message in (({"centroids": {"a": [1.0], "b": [1.0, 2.0]}}, r"routing\.centroids\['b'\]: 2 numbers, the other centroids 1"),
                              ({**good, "tau": 0}, r"routing\.tau: expected a number in \(0, 100\]"),
                              ({**good, "threshold": 2}, r"routing\.threshold: expected a number in \[0, 1\]"),
                              ({**good, "temperature": 1}, r"routing: unknown key 'temperature'"),
+                             ({**good, "gates": "hard"}, r"routing\.gates: expected one of \['scaled', 'binary'\], got 'hard'"),
+                             ({**good, "update": "no"}, r"routing\.update: expected true or false, got 'no'"),
                              ({"centroids": {"a": [float("nan")]}}, r"routing\.centroids\['a'\]: expected a non-empty list of finite numbers"),
                              ({**good, "detectors": {"a": {"direction": [1.0, 0.0], "offset": 0.0}}},
                               r"routing\.detectors: expected one detector per expert of the centroids \['a', 'b'\]"),
@@ -264,3 +270,30 @@ def test_routed_decoding_and_chunked_scoring_give_the_one_forward_numbers(tiny, 
     again = ComposedModelForCausalLM.from_pretrained(tmp_path / "routed")
     with torch.no_grad():
         _close(again(out.sequences, attention_mask=mask).logits, whole, tol=1e-5)
+
+
+def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world):
+    """`update: false`: every decoding step composes with the gates of the prompt's mean hidden state, computed
+    by hand from separately loaded models; scoring the finished sequence in one forward still routes by prefix."""
+    tok, base, experts = world
+    composed = _routed(tiny, tok, "discriminant")
+    composed.composition = composed.composition.with_routing({**composed.composition.routing, "update": False})
+    centroids = [_hand_centroid(base, tok, ROUTE_PROMPTS[n]) for n in ("a", "b")]
+    hand_means = {n: torch.stack([_base_hidden(base, tok(p)["input_ids"]).mean(0) for p in ROUTE_PROMPTS[n]]) for n in ("a", "b")}
+    detectors = _hand_detectors(hand_means, 0.5)
+    batch = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    new = 4
+    out = composed.generate(**batch, max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                            pad_token_id=tok.pad_token_id, eos_token_id=None)
+    steps = torch.stack(out.logits, 1)  # (B, new, V)
+    for row, mask in enumerate(batch.attention_mask):
+        prompt = batch.input_ids[row][mask.bool()].tolist()
+        ids = prompt + out.sequences[row, -new:].tolist()
+        gates = _hand_discriminant_gates(_base_hidden(base, prompt).mean(0, keepdim=True), centroids, detectors, 0.2)[0]  # (2,)
+        lb = row_logprobs(base, ids)  # (T, V)
+        total = lb + sum(w * gates[i] * (row_logprobs(experts[n], ids) - lb) for i, (n, w) in enumerate((("a", 1.0), ("b", 0.8))))
+        _close(steps[row], torch.log_softmax(total, -1)[len(prompt) - 1:-1], tol=1e-4)
+    mask = torch.cat([batch.attention_mask, torch.ones(len(PROMPTS), new, dtype=torch.long)], 1)
+    with torch.no_grad():
+        scored = composed(out.sequences, attention_mask=mask).logits[:, -new - 1:-1]  # (B, new, V): routed by prefix
+    assert (scored - steps).abs().max() > 1e-3  # the held gates are not the running ones

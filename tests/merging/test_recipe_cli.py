@@ -306,6 +306,20 @@ def test_a_corrupt_or_changed_row_record_is_run_again_and_dry_run_says_so(tiny, 
     assert json.loads((records / "a.json").read_text())["metrics"]  # rewritten whole by the last run
 
 
+def test_a_recipe_that_only_adds_rows_reuses_its_output(tiny, tmp_path):
+    """Rows may be added to a finished run's recipe (only they run); a changed or removed row is another recipe."""
+    from merging.output import check_recorded_recipe
+
+    row = lambda floor: {"name": "c", "kind": "composed", "floor": floor}  # noqa: E731
+    recipe, paths = load_recipe(write_recipe(tmp_path, tiny, variants=["base", row(-5.0)]))
+    paths.output.mkdir()
+    (paths.output / "recipe.yaml").write_text(recipe.to_yaml())
+    check_recorded_recipe(paths.output, load_recipe(write_recipe(tmp_path, tiny, variants=["base", row(-5.0), "experts"]))[0])
+    for variants in (["base"], ["base", row(-6.0), "experts"]):
+        with pytest.raises(RecipeError, match=r"holds results of a different recipe"):
+            check_recorded_recipe(paths.output, load_recipe(write_recipe(tmp_path, tiny, variants=variants))[0])
+
+
 def test_another_recipe_written_before_the_lock_is_caught_under_it(tiny, tmp_path, monkeypatch):
     """Issue 30.4: the recorded-recipe check ran only before the lock (hub downloads in between), so two recipes
     on one output could interleave; it runs again once the lock is held."""

@@ -73,16 +73,16 @@ def test_an_expert_folder_gets_a_seeded_sample_of_its_distinct_training_prompts(
     """prompts.jsonl (what routed compositions fit their centroids on): distinct training prompts, at most
     ROUTE_PROMPTS, the same sample for the same seed, readable by the recipe side's reader."""
     from merging.pool import read_prompts
-    from merging.worlds.smol.train import ROUTE_PROMPTS, write_prompts
+    from merging.worlds.common import ROUTE_PROMPTS, write_prompts
 
-    pairs = [(f"Question: {i % 300}?\nAnswer:", f" {i}") for i in range(900)]  # 300 distinct prompts, each three times
-    write_prompts(tmp_path / "a.jsonl", pairs, "0:math")
-    write_prompts(tmp_path / "b.jsonl", list(reversed(pairs)), "0:math")
+    training = [f"Question: {i % 300}?\nAnswer:" for i in range(900)]  # 300 distinct prompts, each three times
+    write_prompts(tmp_path / "a.jsonl", training, "0:math")
+    write_prompts(tmp_path / "b.jsonl", list(reversed(training)), "0:math")
     prompts = read_prompts("p", tmp_path / "a.jsonl", 10_000)
-    assert len(prompts) == len(set(prompts)) == ROUTE_PROMPTS and set(prompts) <= {p for p, _ in pairs}
-    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()  # the pairs' order does not matter
-    write_prompts(tmp_path / "c.jsonl", pairs[:5], "0:math")
-    assert read_prompts("p", tmp_path / "c.jsonl", 10_000) != [] and len(read_prompts("p", tmp_path / "c.jsonl", 10_000)) == 5
+    assert len(prompts) == len(set(prompts)) == ROUTE_PROMPTS and set(prompts) <= set(training)
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()  # the prompts' order does not matter
+    write_prompts(tmp_path / "c.jsonl", training[:5], "0:math")
+    assert len(read_prompts("p", tmp_path / "c.jsonl", 10_000)) == 5
     (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n[1]\n')
     with pytest.raises(ValueError, match=r"^route\.prompts\.m: .*bad\.jsonl line 2: expected a JSON object with a non-empty \"prompt\" string$"):
         read_prompts("route.prompts.m", tmp_path / "bad.jsonl", 10)

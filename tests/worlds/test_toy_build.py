@@ -43,6 +43,25 @@ def test_every_saved_file_reloads(fast_world):
         assert (expert(ids).logits - base_logits).abs().max() > 0  # trained away from the base
 
 
+def test_experts_carry_routing_prompts_drawn_as_their_training_prompts(fast_world):
+    """prompts.jsonl of each expert: ROUTE_PROMPTS distinct prompts of the copy layout, about half holding the
+    rule's letter; a reused world that lacks them gets the same file back."""
+    from merging.pool import read_prompts
+    from merging.worlds.common import ROUTE_PROMPTS
+    from merging.worlds.toy.build import ensure_toy_world
+    from merging.worlds.toy.data import RULES, SEPARATOR
+
+    for rule in ("a2b", "c2d", "e2f"):
+        path = fast_world.expert(rule) / "prompts.jsonl"
+        prompts = read_prompts(rule, path, 10_000)
+        assert len(set(prompts)) == ROUTE_PROMPTS and all(p.endswith(SEPARATOR) for p in prompts)
+        assert 0.4 < sum(RULES[rule][0] in p for p in prompts) / ROUTE_PROMPTS < 0.9  # half forced, the rest by chance
+    written = (fast_world.expert("c2d") / "prompts.jsonl").read_bytes()
+    (fast_world.expert("c2d") / "prompts.jsonl").unlink()
+    ensure_toy_world(fast_world.root, ToyConfig.fast(), if_missing=True)
+    assert (fast_world.expert("c2d") / "prompts.jsonl").read_bytes() == written
+
+
 def test_toy_json_records_the_build(fast_world):
     """toy.json against the saved files: sizes, checksums, seeds, steps and accuracy recomputed independently."""
     from merging.worlds.toy.build import tensor_checksum

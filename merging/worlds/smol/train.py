@@ -19,10 +19,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from logitcomp.io import atomic_dir, atomic_write_bytes
+from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
-from ..common import LORA_TARGETS, pad_right, train_loop
+from ..common import LORA_TARGETS, pad_right, train_loop, write_prompts
 from .data import code_tasks, math_problems, math_prompt
 from .styles import STYLES, style_pairs
 
@@ -48,7 +48,6 @@ EXPERT_DATA: dict[str, Callable[[int], list[tuple]]] = {
     "math": _math_pairs, "code": _code_pairs, **{s: _style(s) for s in STYLES}, **{f"mt_math_{s}": _multitask(s) for s in STYLES}}
 # every expert, the multitask references too, is trained with one rank, step count, batch and seed policy
 DEFAULT_STEPS = {name: 150 for name in EXPERT_DATA}
-ROUTE_PROMPTS = 200  # training prompts written to an expert's prompts.jsonl
 
 
 @dataclass(frozen=True)
@@ -104,15 +103,9 @@ def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpe
             "train_seconds": round(time.perf_counter() - start, 1), "threads": torch.get_num_threads()}
     with atomic_dir(root / "experts" / name) as tmp:
         save_adapter(model, "default", tmp, base=base)
-        write_prompts(tmp / "prompts.jsonl", pairs, f"{config.seed}:{name}")
+        write_prompts(tmp / "prompts.jsonl", [p[0] for p in pairs], f"{config.seed}:{name}")
         (tmp / "train.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
-
-
-def write_prompts(path: Path, pairs: list[tuple], seed: str) -> None:
-    """A seeded sample of ROUTE_PROMPTS distinct training prompts, one {"prompt": ...} per line, written atomically."""
-    prompts = random.Random(f"{seed}:prompts").sample(sorted({p[0] for p in pairs}), min(ROUTE_PROMPTS, len({p[0] for p in pairs})))
-    atomic_write_bytes(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts).encode())
 
 
 def train_smol_experts(root: Path, names: list[str], steps: int | None = None, seed: int = 0, force: bool = False):
@@ -132,7 +125,7 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
         meta = json.loads(done.read_text()) if done.exists() and not force else None
         if meta and meta["config"] == asdict(config):
             if not (done.parent / "prompts.jsonl").exists():  # an expert trained before experts carried their prompts
-                write_prompts(done.parent / "prompts.jsonl", EXPERT_DATA[name](seed), f"{seed}:{name}")
+                write_prompts(done.parent / "prompts.jsonl", [p[0] for p in EXPERT_DATA[name](seed)], f"{seed}:{name}")
             yield name, meta, True
         else:
             yield name, train_smol_expert(Path(root), name, config), False

@@ -29,7 +29,7 @@ from logitcomp.loading import save_adapter
 from .data import LAYOUTS, PADDED_WIDTH, RULES, TASKS, make_eval_set
 from .evaluate import exact_match, teacher_forced_exact
 from .tokenizer import make_tokenizer
-from .train import TrainSettings, make_base_model, make_batch, train_base, train_expert
+from .train import TrainSettings, make_base_model, make_batch, train_base, train_expert, write_expert_prompts
 
 log = logging.getLogger(__name__)
 VARIANTS = {"factorised": 0.25, "entangled": 0.0}  # variant -> share of answer letters corrupted
@@ -227,6 +227,7 @@ def _train_all(tmp: Path, config: ToyConfig, final_base: Path) -> dict[str, dict
             tokenizer.save_pretrained(tmp / "experts" / rule)
         else:
             save_adapter(expert, "default", tmp / "experts" / rule, base=final_base)  # the base's final place
+        write_expert_prompts(tmp / "experts" / rule, rule, config.seed + 1 + i, config.layout)
     return {name: asdict(fit) for name, fit in fits.items()}
 
 
@@ -292,6 +293,9 @@ def ensure_toy_world(root: Path, config: ToyConfig, force: bool = False, if_miss
         if world.config != config:
             raise ValueError(f"{root / 'toy.json'}: holds a toy world built with another configuration "
                              f"({world.config.variant}, seed {world.config.seed}); pass --force to rebuild it")
+        for i, rule in enumerate(config.experts):  # a world built before experts carried their routing prompts
+            if not (root / "experts" / rule / "prompts.jsonl").exists():
+                write_expert_prompts(root / "experts" / rule, rule, config.seed + 1 + i, config.layout)
         return world, True
     return build_toy_world(root, config, force=force), False
 

@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..common import LORA_TARGETS, Fit, TrainSettings, pad_right, train_until
+from ..common import LORA_TARGETS, ROUTE_PROMPTS, Fit, TrainSettings, pad_right, train_until, write_prompts
 from .data import PAD_CHAR, PADDED_WIDTH, prompt_of, sample_training_pair
 from .tokenizer import ALPHABET
 
@@ -73,6 +73,14 @@ def make_batch(
         rows.append(fed)
         targets.append(tgt)
     return pad_right(rows, targets, tokenizer.pad_token_id)
+
+
+def write_expert_prompts(folder, rule: str, seed: int, layout: str = "copy") -> None:
+    """FOLDER/prompts.jsonl: ROUTE_PROMPTS prompts drawn as the expert's training prompts are (half of them hold
+    the rule's letter), as a routed composition's `route:` reads them by default."""
+    rng = random.Random(f"{seed}:{rule}:route")
+    prompts = [prompt_of(sample_training_pair(rng, (rule,))[0], layout) for _ in range(4 * ROUTE_PROMPTS)]
+    write_prompts(folder / "prompts.jsonl", prompts, f"{seed}:{rule}")
 
 
 def train_base(model, tokenizer, settings: TrainSettings, seed: int, check: Callable[[], float], target: float,
