@@ -40,9 +40,10 @@ def check_routing(routing) -> dict | None:
     `centroids`: expert name -> its centroid (d numbers, one length for all); `tau` in (0, 100]: the
     posterior's temperature; `threshold` in [0, 1]: experts whose posterior is below this share of the
     top one's get weight 0; `gates` in ROUTING_GATES (default "scaled"): a kept expert's gate is its evidence
-    over the top one's, or ("binary") 1; `update` (default true): false holds, in every forward that continues a
-    cache (each `generate` step), the gates the cache's first forward (the prompt) ended with; `detectors` (optional): expert name -> {"direction": d numbers, "offset": a
-    number}, the discriminant scores that replace the cosine posteriors (see `logitcomp.routing`)."""
+    over the top one's, or ("binary") 1; `update` (default true): false holds, in every forward that continues
+    a cache (each `generate` step), the gates the cache's first forward (the prompt) ended with; `detectors`
+    (optional): expert name -> {"direction": d numbers, "offset": a number}, the discriminant scores that
+    replace the cosine posteriors (see `logitcomp.routing`)."""
     if routing is None:
         return None
     if not isinstance(routing, dict):

@@ -24,7 +24,7 @@ from .head import fast_head
 from .loading import LoadOptions, refuse_unknown
 from .ops import Composer, LogitsWatch, check_logits, entropy, kl_divergence
 from .outputs import ComposedCache, ComposedCausalLMOutput, CompositionTrace
-from .routing import Router, last_hidden, running_means
+from .routing import Router, last_hidden, step_means
 
 log = logging.getLogger(__name__)
 SCORING_BUDGET = 1 << 27  # elements (512 MiB of fp32 logits) of the k + 1 models' logits in one scoring forward
@@ -234,15 +234,12 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         grouped = out.logits.view(groups, batch, *out.logits.shape[1:])  # (G, B, T', V)
         gates = None
         if self.router is not None:  # the base rows' hidden states: the first block
-            if hold:  # the prompt's mean (B, d) at every new position
-                sums, counts = cache.route
-                means = (sums / counts.clamp(min=1.0)).unsqueeze(1).expand(-1, grouped.shape[2], -1)  # (B, T', d)
-            else:
-                mask = None if attention_mask is None else attention_mask[:, -length:]
-                means, state = running_means(last_hidden(out)[:batch], mask, cache.route if cache is not None else None)  # (B, T, d)
-                if cache is not None:
-                    cache.route = state
-            gates = self.router.gates(means[:, -grouped.shape[2]:])  # (B, T', k)
+            mask = None if attention_mask is None else attention_mask[:, -length:]
+            means, state = step_means(None if hold else last_hidden(out)[:batch], mask, cache.route if cache is not None else None,
+                                      grouped.shape[2])  # (B, T', d)
+            if cache is not None:
+                cache.route = state
+            gates = self.router.gates(means)  # (B, T', k)
         by_name = dict(zip(self.lora_experts, grouped[1:]))
         for name, expert in self.full_experts.items():
             by_name[name] = expert(

@@ -76,8 +76,7 @@ class Router(torch.nn.Module):
         if detectors is not None:
             detectors = (torch.tensor([detectors[e]["direction"] for e in experts], dtype=dtype),  # (k, d)
                          torch.tensor([detectors[e]["offset"] for e in experts], dtype=dtype))  # (k,)
-        return cls(centroids, routing["tau"], routing["threshold"], detectors, routing.get("gates", "scaled") == "binary",
-                   routing.get("update", True))
+        return cls(centroids, routing["tau"], routing["threshold"], detectors, routing["gates"] == "binary", routing["update"])
 
     def posterior(self, means: torch.Tensor) -> torch.Tensor:
         """π (..., k) from mean hidden states (..., d)."""
@@ -118,6 +117,18 @@ def running_means(hidden: torch.Tensor, mask: torch.Tensor | None, state: RouteS
         sums, counts = sums + state[0].unsqueeze(1), counts + state[1].unsqueeze(1)
     means = sums / counts.clamp(min=1.0)  # (B, T, d); a row of padding only so far: 0
     return means, (sums[:, -1], counts[:, -1])
+
+
+def step_means(hidden: torch.Tensor | None, mask: torch.Tensor | None, state: RouteState | None,
+               width: int) -> tuple[torch.Tensor, RouteState | None]:
+    """The mean hidden states (B, width, d) that route a forward's last `width` positions, and the state to continue
+    from: the running means (`running_means` of `hidden` (B, T, d)), or with `hidden` None (a held routing, `update:
+    false`) the mean of `state` (the cache's first forward) at every position, the state left as it is."""
+    if hidden is None:
+        sums, counts = state
+        return (sums / counts.clamp(min=1.0)).unsqueeze(1).expand(-1, width, -1), state  # (B, width, d)
+    means, state = running_means(hidden, mask, state)  # (B, T, d)
+    return means[:, -width:], state
 
 
 def last_hidden(output) -> torch.Tensor:
@@ -184,8 +195,8 @@ def routing_config(means: dict[str, torch.Tensor], tau: float = 0.1, threshold: 
     (ROUTING_GATES), whether decoding updates them, and with score "discriminant" the detectors (`discriminants`)."""
     if score not in ROUTING_SCORES:
         raise ValueError(f"routing score: expected one of {list(ROUTING_SCORES)}, got {score!r}")
-    routing = {"centroids": {n: m.mean(0).tolist() for n, m in means.items()}, "tau": tau, "threshold": threshold, "gates": gates,
-               "update": update}
+    routing = {"centroids": {n: m.mean(0).tolist() for n, m in means.items()}, "tau": tau, "threshold": threshold,
+               "gates": gates, "update": update}
     return routing | ({"detectors": discriminants(means, shrinkage)} if score == "discriminant" else {})
 
 
@@ -196,8 +207,7 @@ def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float =
     prompts of its skill, every composed expert), computed by its base with the adapters disabled: cosine
     posteriors of centroids, or (score "discriminant") per-expert detectors, with `gates` "scaled" or "binary"
     (a kept expert at its full weight), and `update` False to hold the prompt's gates while decoding; sets its
-    `composition.routing`
-    (saved with it by `save_pretrained`)."""
+    `composition.routing` (saved with it by `save_pretrained`)."""
     from contextlib import nullcontext
 
     from peft import PeftModel

@@ -128,6 +128,10 @@ class ToyConfig:
         """The models' max_position_embeddings: the longest evaluated sequence fits."""
         return 64 if self.layout == "copy" else 2 * PADDED_WIDTH + 4
 
+    def expert_seed(self, rule: str) -> int:
+        """The seed of expert `rule`'s training and routing prompts (the base's is `seed`)."""
+        return self.seed + 1 + self.experts.index(rule)
+
 
 @dataclass
 class ToyWorld:
@@ -217,17 +221,17 @@ def _train_all(tmp: Path, config: ToyConfig, final_base: Path) -> dict[str, dict
     base.save_pretrained(tmp / "base")
     tokenizer.save_pretrained(tmp / "base")
     settings = TrainSettings(config.expert_steps, config.batch_size, config.expert_lr, corrupt, config.extra_rounds, config.extra_lr)
-    for i, rule in enumerate(config.experts):
+    for rule in config.experts:
         fresh = AutoModelForCausalLM.from_pretrained(tmp / "base")
         check = _checker(tokenizer, config, (rule,))
         rank = 0 if config.full_experts else config.lora_rank
-        expert, fits[rule] = train_expert(fresh, tokenizer, rule, settings, config.seed + 1 + i, rank, check, target, config.layout)
+        expert, fits[rule] = train_expert(fresh, tokenizer, rule, settings, config.expert_seed(rule), rank, check, target, config.layout)
         if config.full_experts:
             expert.save_pretrained(tmp / "experts" / rule)
             tokenizer.save_pretrained(tmp / "experts" / rule)
         else:
             save_adapter(expert, "default", tmp / "experts" / rule, base=final_base)  # the base's final place
-        write_expert_prompts(tmp / "experts" / rule, rule, config.seed + 1 + i, config.layout)
+        write_expert_prompts(tmp / "experts" / rule, rule, config.expert_seed(rule), config.layout)
     return {name: asdict(fit) for name, fit in fits.items()}
 
 
@@ -264,7 +268,7 @@ def build_toy_world(root: Path, config: ToyConfig = ToyConfig(), force: bool = F
         meta = {
             "variant": config.variant,
             "config": asdict(config),
-            "seeds": {"base": config.seed, **{r: config.seed + 1 + i for i, r in enumerate(config.experts)}},
+            "seeds": {"base": config.seed, **{r: config.expert_seed(r) for r in config.experts}},
             "sizes": _sizes(tmp, config),
             "accuracy": accuracy,
             "accuracy_tasks": {m: _own_task(m) for m in accuracy},
@@ -293,9 +297,9 @@ def ensure_toy_world(root: Path, config: ToyConfig, force: bool = False, if_miss
         if world.config != config:
             raise ValueError(f"{root / 'toy.json'}: holds a toy world built with another configuration "
                              f"({world.config.variant}, seed {world.config.seed}); pass --force to rebuild it")
-        for i, rule in enumerate(config.experts):  # a world built before experts carried their routing prompts
+        for rule in config.experts:  # a world built before experts carried their routing prompts
             if not (root / "experts" / rule / "prompts.jsonl").exists():
-                write_expert_prompts(root / "experts" / rule, rule, config.seed + 1 + i, config.layout)
+                write_expert_prompts(root / "experts" / rule, rule, config.expert_seed(rule), config.layout)
         return world, True
     return build_toy_world(root, config, force=force), False
 
