@@ -25,6 +25,7 @@ from .loading import LoadOptions, refuse_unknown
 from .ops import Composer, LogitsWatch, check_logits, entropy, kl_divergence
 from .outputs import ComposedCache, ComposedCausalLMOutput, CompositionTrace
 from .routing import Router, last_hidden, step_means
+from .scoring import forward_in_chunks, scoring_chunk
 
 log = logging.getLogger(__name__)
 SCORING_BUDGET = 1 << 27  # elements (512 MiB of fp32 logits) of the k + 1 models' logits in one scoring forward
@@ -195,9 +196,9 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         batch, length = input_ids.shape
         if length == 0:
             raise ValueError(f"input_ids: expected at least one token per row, got shape {tuple(input_ids.shape)}")
-        chunk = self._scoring_chunk(batch, length) if cache is None and not logits_to_keep else length
+        chunk = scoring_chunk(self, batch, length) if cache is None and not logits_to_keep else length
         if chunk < length:  # a whole sequence scored in position chunks, continued through a cache
-            out = self._forward_in_chunks(input_ids, attention_mask, position_ids, chunk, output_trace, use_cache)
+            out = forward_in_chunks(self, input_ids, attention_mask, position_ids, chunk, output_trace, use_cache)
         else:
             # routing without update: a forward that continues a cache holds the gates of the cache's first forward
             hold = self.router is not None and not self.router.update and cache is not None and cache.route is not None
@@ -257,39 +258,6 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         else:
             check_logits(self._model_names(), [grouped[0], *experts], first, attention_mask)
         return self._compose(grouped[0], experts, cache, output_trace, gates)
-
-    def _scoring_chunk(self, batch: int, length: int) -> int:
-        """Positions per forward when every position's log-probs are wanted: as many as keep the k + 1 models'
-        full-vocabulary logits of one forward within `scoring_budget` elements (at least 1, at most `length`)."""
-        if self.scoring_budget is None:
-            return length
-        vocab = self.config.get_text_config().vocab_size
-        return max(1, min(length, self.scoring_budget // (batch * (1 + len(self.experts)) * vocab)))
-
-    def _forward_in_chunks(self, input_ids, attention_mask, position_ids, chunk: int, output_trace,
-                           keep_cache: bool) -> ComposedCausalLMOutput:
-        """Every position's composed log-probs, `chunk` positions per forward, each continuing the previous
-        ones' KV cache: the body computes what one forward would, and the k + 1 models' logits of only one
-        chunk exist at a time; the composed log-probs go into one (B, T, V) buffer. The cache is returned
-        when `keep_cache`."""
-        batch, length = input_ids.shape
-        cache = ComposedCache(dict(self.full_experts))
-        parts, traces, out = [], [], None
-        with self._routed():  # once for all the chunks
-            for start in range(0, length, chunk):
-                end = min(length, start + chunk)
-                step = self._step(input_ids[:, start:end], None if attention_mask is None else attention_mask[:, :end], cache,
-                                  None if position_ids is None else position_ids[:, start:end], 0, output_trace)
-                if torch.is_grad_enabled() and step.logits.requires_grad:
-                    parts.append(step.logits)  # autograd records no in-place write: concatenated below
-                else:
-                    if out is None:
-                        out = step.logits.new_empty(batch, length, step.logits.shape[-1])  # (B, T, V)
-                    out[:, start:end] = step.logits
-                if step.trace is not None:
-                    traces.append(step.trace)
-        logits = out if out is not None else torch.cat(parts, dim=1)
-        return ComposedCausalLMOutput(logits=logits, cache=cache if keep_cache else None, trace=CompositionTrace.cat(traces) if traces else None)
 
     def _compose(self, base, experts, cache, output_trace, gates=None) -> ComposedCausalLMOutput:
         masks = [getattr(self, self._mask_buffers[e]) if e in self._mask_buffers else None for e in self.experts]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from logitcomp import ComposedModelForCausalLM
+from logitcomp.scoring import scoring_chunk
 
 from test_gemma3_architecture import VOCAB as GEMMA_VOCAB, make_tiny_gemma3
 
@@ -28,7 +29,7 @@ def _chunked(composed, batch: int, chunk: int) -> None:
     """Set the scoring budget to exactly `chunk` positions per forward."""
     vocab = composed.config.get_text_config().vocab_size
     composed.scoring_budget = chunk * batch * (1 + len(composed.experts)) * vocab
-    assert composed._scoring_chunk(batch, 1000) == chunk
+    assert scoring_chunk(composed, batch, 1000) == chunk
 
 
 def _compare(composed, ids, mask, chunks) -> float:
