@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from .smol.styles import WRAPPED
+
 
 def add_tasks_command(world_commands, help_text: str, world_package) -> None:
     """Add `logitcomp <world> tasks DIR`, calling the world package's (lazily exported) `write_task_files`."""
@@ -13,22 +15,28 @@ def add_tasks_command(world_commands, help_text: str, world_package) -> None:
     tasks.set_defaults(func=lambda args: _write_tasks(world_package.write_task_files, Path(args.dir)))
 
 
-def add_train_command(world_commands) -> None:
+def add_train_command(world_commands, wrapped: str = "base") -> None:
     """Add `logitcomp <world> train DIR`: LoRA experts of DIR/base (math, code, the styles shout, json and xml, and
-    the multitask references mt_math_STYLE) on the smol world's data."""
+    the multitask references mt_math_STYLE) on the smol world's data; `wrapped` is the world's default for what a
+    format expert learns on the content it wraps."""
     train = world_commands.add_parser("train", help="train LoRA experts of DIR/base into DIR/experts/NAME")
     train.add_argument("dir", metavar="DIR")
     train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout, json, xml, mt_math_shout, mt_math_json, mt_math_xml")
     train.add_argument("--steps", type=int, help="training steps (default: 150)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
+    train.add_argument("--wrapped", choices=WRAPPED, default=wrapped,
+                       help="a format expert (json, xml) on the content it wraps: pulled toward the base's own next tokens, "
+                            "or trained like any answer (for a base that does not answer the request by itself); "
+                            f"default here: {wrapped}")
     train.set_defaults(func=_train)
 
 
 def _train(args) -> int:
     from .smol.train import train_smol_experts
 
-    for name, meta, reused in train_smol_experts(Path(args.dir), args.experts.split(","), args.steps, args.seed, args.force):
+    for name, meta, reused in train_smol_experts(Path(args.dir), args.experts.split(","), args.steps, args.seed, args.force,
+                                                 args.wrapped):
         if reused:
             print(f"{name}: already trained in {Path(args.dir) / 'experts' / name} (pass --force to train again)")
         print(f"{name}: {meta['config']['steps']} steps in {meta['train_seconds']:.0f} s, final loss {meta['final_loss']}")

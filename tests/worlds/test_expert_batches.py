@@ -86,3 +86,46 @@ def test_an_expert_folder_gets_a_seeded_sample_of_its_distinct_training_prompts(
     (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n[1]\n')
     with pytest.raises(ValueError, match=r"^route\.prompts\.m: .*bad\.jsonl line 2: expected a JSON object with a non-empty \"prompt\" string$"):
         read_prompts("route.prompts.m", tmp_path / "bad.jsonl", 10)
+
+
+def test_wrapped_scored_trains_a_formats_content_and_leaves_other_experts_alone():
+    """wrapped="scored" drops the content marks of a format's pairs (the same prompts and answers), and is a no-op
+    for an expert without a format."""
+    from merging.worlds.smol.train import expert_pairs
+
+    marked, scored = expert_pairs("xml", 0), expert_pairs("xml", 0, "scored")
+    assert all(len(p) == 3 for p in marked) and all(len(p) == 2 for p in scored)
+    assert [p[:2] for p in marked] == scored
+    prompt, answer, (lo, hi) = marked[0]
+    assert answer[:lo] == " <answer>" and answer[hi:] == "</answer>"  # the marked characters are the content
+    assert expert_pairs("shout", 0, "scored") == expert_pairs("shout", 0)
+
+
+def test_an_expert_trained_before_wrapped_existed_is_reused_unless_its_format_changes(tmp_path, monkeypatch):
+    """A train.json without `wrapped` was trained as "base": reused for any expert without a format whatever
+    `wrapped` says, and for a format expert only when "base" is asked; a bad value is refused before training."""
+    import json
+
+    from merging.worlds.smol import train
+    from merging.worlds.smol.train import train_smol_experts
+
+    monkeypatch.setattr(train, "train_smol_expert", lambda root, name, config: {"trained": config.wrapped})
+    old = {"steps": 150, "batch_size": 8, "lr": 1e-3, "rank": 8, "seed": 0}
+    for name in ("math", "xml"):
+        (tmp_path / "experts" / name).mkdir(parents=True)
+        (tmp_path / "experts" / name / "train.json").write_text(json.dumps({"expert": name, "config": old}))
+        (tmp_path / "experts" / name / "prompts.jsonl").write_text("")
+    assert next(train_smol_experts(tmp_path, ["math"], wrapped="scored"))[1:] == ({"expert": "math", "config": old}, True)
+    assert next(train_smol_experts(tmp_path, ["xml"], wrapped="base"))[2] is True
+    assert next(train_smol_experts(tmp_path, ["xml"], wrapped="scored"))[1:] == ({"trained": "scored"}, False)
+    with pytest.raises(ValueError, match="--wrapped"):
+        next(train_smol_experts(tmp_path, ["math"], wrapped="content"))
+
+
+def test_each_worlds_train_command_has_its_own_wrapped_default():
+    """SmolLM2 (instruction-tuned) keeps a format's content toward the base; Gemma 3 270M (base) scores it."""
+    from merging.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["smol", "train", "w"]).wrapped == "base" and parse(["gemma", "train", "w"]).wrapped == "scored"
+    assert parse(["smol", "train", "w", "--wrapped", "scored"]).wrapped == "scored"

@@ -26,4 +26,4 @@ def add_commands(sub) -> None:
     build.add_argument("dir", metavar="DIR")
     build.add_argument("--force", action="store_true", help="convert again when DIR already holds it")
     build.set_defaults(func=_build)
-    add_train_command(gemma)
+    add_train_command(gemma, wrapped="scored")  # Gemma 3 270M (base) does not repeat or answer a request by itself

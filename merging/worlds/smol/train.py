@@ -24,7 +24,7 @@ from logitcomp.loading import save_adapter
 
 from ..common import LORA_TARGETS, pad_right, train_loop, write_prompts
 from .data import code_tasks, math_problems, math_prompt
-from .styles import STYLES, style_pairs
+from .styles import STYLES, WRAPPED, style_pairs
 
 
 def _math_pairs(seed: int) -> list[tuple[str, str]]:
@@ -57,6 +57,14 @@ class SmolExpertConfig:
     lr: float = 1e-3
     rank: int = 8
     seed: int = 0
+    wrapped: str = "base"  # a format's wrapped content: pulled toward the base ("base") or trained like any answer ("scored")
+
+
+def expert_pairs(name: str, seed: int, wrapped: str = "base") -> list[tuple]:
+    """Expert `name`'s training pairs; with wrapped="scored" a format's content is no longer marked (make_batch
+    scores it like any answer): for a base that does not answer the request by itself."""
+    pairs = EXPERT_DATA[name](seed)
+    return [p[:2] for p in pairs] if wrapped == "scored" else pairs
 
 
 def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple], rng: random.Random, size: int):
@@ -92,7 +100,7 @@ def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpe
     root = Path(root).resolve()
     base = root / "base"
     tokenizer = AutoTokenizer.from_pretrained(base)
-    pairs = EXPERT_DATA[name](config.seed)
+    pairs = expert_pairs(name, config.seed, config.wrapped)
     torch.manual_seed(config.seed)
     lora = LoraConfig(r=config.rank, lora_alpha=2 * config.rank, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora)
@@ -108,24 +116,32 @@ def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpe
     return meta
 
 
-def train_smol_experts(root: Path, names: list[str], steps: int | None = None, seed: int = 0, force: bool = False):
+def train_smol_experts(root: Path, names: list[str], steps: int | None = None, seed: int = 0, force: bool = False,
+                       wrapped: str = "base"):
     """Train each named expert unless ROOT/experts/NAME already holds this configuration (or `force`).
+
+    `wrapped` (WRAPPED) applies to the experts whose answers wrap content in a format (json, xml and their
+    multitask references); the others are trained the same either way and keep "base" in their configuration.
 
     Yields:
         (name, its train.json contents, whether an earlier training was reused).
 
     Raises:
-        ValueError: an unknown expert name (before anything is trained).
+        ValueError: an unknown expert name or `wrapped` value (before anything is trained).
     """
     if unknown := [n for n in names if n not in DEFAULT_STEPS]:
         raise ValueError(f"--experts: expected names from {sorted(DEFAULT_STEPS)}, got {unknown}")
+    if wrapped not in WRAPPED:
+        raise ValueError(f"--wrapped: expected one of {WRAPPED}, got {wrapped!r}")
     for name in names:
-        config = SmolExpertConfig(steps=steps or DEFAULT_STEPS[name], seed=seed)
+        wraps = any(len(p) == 3 for p in expert_pairs(name, seed))
+        config = SmolExpertConfig(steps=steps or DEFAULT_STEPS[name], seed=seed, wrapped=wrapped if wraps else "base")
         done = Path(root) / "experts" / name / "train.json"
         meta = json.loads(done.read_text()) if done.exists() and not force else None
-        if meta and meta["config"] == asdict(config):
+        # a train.json written before `wrapped` existed was trained as "base"
+        if meta and {"wrapped": "base", **meta["config"]} == asdict(config):
             if not (done.parent / "prompts.jsonl").exists():  # an expert trained before experts carried their prompts
-                write_prompts(done.parent / "prompts.jsonl", [p[0] for p in EXPERT_DATA[name](seed)], f"{seed}:{name}")
+                write_prompts(done.parent / "prompts.jsonl", [p[0] for p in expert_pairs(name, seed)], f"{seed}:{name}")
             yield name, meta, True
         else:
             yield name, train_smol_expert(Path(root), name, config), False
