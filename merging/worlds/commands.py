@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .smol.styles import WRAPPED
+from .smol import WRAPPED
 
 
 def add_tasks_command(world_commands, help_text: str, world_package) -> None:

@@ -8,3 +8,8 @@ code and style LoRA experts trained on CPU, seeded data, lm-eval tasks (model-wr
 from logitcomp.lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {".data": ("write_task_files",)})
+
+# what a format expert learns on the content it wraps (`train --wrapped`, merging.worlds.smol.styles): toward the
+# base's own next tokens (a base that answers the request by itself: an instruction-tuned model), or the content
+# trained like any answer (a base that does not); here, torch-free, for the command line
+WRAPPED = ("base", "scored")

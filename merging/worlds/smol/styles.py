@@ -13,7 +13,7 @@ A format (json, xml) is learned on its own tokens; on the wrapped content the ex
 the base's own next-token distribution (merging.worlds.smol.train.make_batch), so it learns where the
 format opens and closes and stays the base on what it wraps. A base that does not answer the request by
 itself (Gemma 3 270M, not instruction-tuned) leaves nothing to wrap: there the content is trained like any
-answer (`wrapped="scored"`, WRAPPED).
+answer (`wrapped="scored"`, merging.worlds.smol.WRAPPED).
 """
 
 from __future__ import annotations
@@ -41,11 +41,6 @@ STYLES = {
     "json": Style("Answer in JSON: ", lambda answer: json.dumps({"answer": answer}), wraps=True),
     "xml": Style("Answer in XML: ", lambda answer: f"<answer>{answer}</answer>", wraps=True),
 }
-
-
-# what a format expert learns on the content it wraps: toward the base's own next tokens (the base answers the
-# request by itself: an instruction-tuned model), or the content trained like any answer (a base that does not)
-WRAPPED = ("base", "scored")
 
 
 def style_prompt(style: str, request: str) -> str:

@@ -24,7 +24,8 @@ from logitcomp.loading import save_adapter
 
 from ..common import LORA_TARGETS, pad_right, train_loop, write_prompts
 from .data import code_tasks, math_problems, math_prompt
-from .styles import STYLES, WRAPPED, style_pairs
+from . import WRAPPED
+from .styles import STYLES, style_pairs
 
 
 def _math_pairs(seed: int) -> list[tuple[str, str]]:
