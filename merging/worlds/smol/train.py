@@ -23,8 +23,8 @@ from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
 from ..common import LORA_TARGETS, pad_right, train_loop, write_prompts
-from .data import code_tasks, math_problems, math_prompt
 from . import WRAPPED
+from .data import code_tasks, math_problems, math_prompt
 from .styles import STYLES, style_pairs
 
 
@@ -49,6 +49,8 @@ EXPERT_DATA: dict[str, Callable[[int], list[tuple]]] = {
     "math": _math_pairs, "code": _code_pairs, **{s: _style(s) for s in STYLES}, **{f"mt_math_{s}": _multitask(s) for s in STYLES}}
 # every expert, the multitask references too, is trained with one rank, step count, batch and seed policy
 DEFAULT_STEPS = {name: 150 for name in EXPERT_DATA}
+# the experts whose answers wrap content in a format (each such style and its multitask reference): `wrapped` applies to them
+WRAPPING = {name for s, style in STYLES.items() if style.wraps for name in (s, f"mt_math_{s}")}
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,7 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
                        wrapped: str = "base"):
     """Train each named expert unless ROOT/experts/NAME already holds this configuration (or `force`).
 
-    `wrapped` (WRAPPED) applies to the experts whose answers wrap content in a format (json, xml and their
-    multitask references); the others are trained the same either way and keep "base" in their configuration.
+    `wrapped` (WRAPPED) applies to the experts of WRAPPING (json, xml and their multitask references); the others are trained the same either way and keep "base" in their configuration.
 
     Yields:
         (name, its train.json contents, whether an earlier training was reused).
@@ -135,8 +136,7 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
     if wrapped not in WRAPPED:
         raise ValueError(f"--wrapped: expected one of {WRAPPED}, got {wrapped!r}")
     for name in names:
-        wraps = any(len(p) == 3 for p in expert_pairs(name, seed))
-        config = SmolExpertConfig(steps=steps or DEFAULT_STEPS[name], seed=seed, wrapped=wrapped if wraps else "base")
+        config = SmolExpertConfig(steps=steps or DEFAULT_STEPS[name], seed=seed, wrapped=wrapped if name in WRAPPING else "base")
         done = Path(root) / "experts" / name / "train.json"
         meta = json.loads(done.read_text()) if done.exists() and not force else None
         # a train.json written before `wrapped` existed was trained as "base"
