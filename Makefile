@@ -58,20 +58,26 @@ gemma: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts math,code,shout
 	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/gemma3-math-code.yaml
 
-# Two skills in one answer (docs/two-skill.md): the math expert, the json and xml format experts and
-# the multitask LoRAs, then recipes/smol-two-skill.yaml and smol-two-skill-xml.yaml (gemma: recipes/gemma3-two-skill.yaml and gemma3-two-skill-xml.yaml).
+# Two skills in one answer (docs/two-skill.md): the math expert, the shout, json and xml style experts and
+# the multitask LoRAs, then recipes/smol-two-skill.yaml, smol-two-skill-xml.yaml and smol-two-skill-styles.yaml
+# (its style experts in smol_styles; gemma: recipes/gemma3-two-skill.yaml, gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml).
 TWO_SKILL_EXPERTS := math,json,mt_math_json
 smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill.yaml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-xml.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_styles
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts xml --wrapped scored
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts shout,mt_shout_xml --steps 300 --wrapped scored
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-styles.yaml
 
 gemma-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml,shout,mt_shout_xml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill.yaml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-xml.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-styles.yaml
 
 clean:
-	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world gemma_world .pytest_cache
+	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world smol_styles gemma_world .pytest_cache

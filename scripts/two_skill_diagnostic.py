@@ -1,11 +1,12 @@
 """Where the experts of each two-skill family act: the overlap diagnostic on the families' reference answers.
 
     python scripts/two_skill_diagnostic.py smol_world          # or gemma_world; about a minute
-    python scripts/two_skill_diagnostic.py gemma_world --styles xml
+    python scripts/two_skill_diagnostic.py gemma_world --families math+xml,shout+xml
 
-For each family (math + shout, math + json, math + xml) it composes the two experts (weights 1), merges them as one
-exact LoRA (task arithmetic, weights 1) and runs `bridge.compare` on the first DOCS validation problems
-with the answer a model should write (the worked math answer, in capitals or as a JSON object), scoring
+For each family (math + shout, math + json, math + xml, shout + xml) it composes the two experts (weights 1), merges
+them as one exact LoRA (task arithmetic, weights 1) and runs `bridge.compare` on the first DOCS documents of the
+family's validation task with the answer a model should write (the worked math answer in capitals, as a JSON
+object or in an XML element; the sentence in capitals inside an XML element), scoring
 the positions that predict answer tokens: `overlap` is the share of those positions where both experts are
 active (KL(p_i ‖ p_b) > 0.1 nats), with each expert's mean activity and the mean KL(p̂ ‖ p_merge). The
 product rule composes where the experts act on different tokens (low overlap); where both act on one
@@ -32,20 +33,33 @@ from bridge.diagnostics import compare  # noqa: E402
 from logitcomp import ComposedModelForCausalLM  # noqa: E402
 from logitcomp.io import atomic_write_bytes  # noqa: E402
 from merging.worlds.common import read_jsonl  # noqa: E402
-from merging.worlds.smol.styles import STYLES, style_prompt  # noqa: E402
+from merging.worlds.smol.styles import render, style_prompt  # noqa: E402
 
 TASKS = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "smol"
 DOCS = 40
 
 
-def family_summary(root: Path, style: str, threshold: float) -> dict:
-    """bridge.compare's summary of math + STYLE on the first DOCS validation problems' reference answers."""
+# family -> its two experts; a family of two styles asks for both in the order of its task's prompt (smol_shout_xml)
+FAMILIES = {"math+shout": ("math", "shout"), "math+json": ("math", "json"), "math+xml": ("math", "xml"), "shout+xml": ("shout", "xml")}
+
+
+def reference_pairs(family: str) -> list[tuple[str, str]]:
+    """(prompt, the answer a model should write) of the first DOCS documents of the family's validation task."""
+    first, second = FAMILIES[family]
+    if first == "math":
+        return [(style_prompt(second, d["question"]), " " + render((second,), d["answer"]))
+                for d in read_jsonl(TASKS / "math_val.jsonl")[:DOCS]]
+    styles = (second, first)  # "Answer in XML: Answer in capital letters: "
+    return [(style_prompt(styles, f"Repeat this sentence: {d['sentence']}"), " " + render(styles, d["sentence"]))
+            for d in read_jsonl(TASKS / "shout_val.jsonl")[:DOCS]]
+
+
+def family_summary(root: Path, family: str, threshold: float) -> dict:
+    """bridge.compare's summary of the family's two experts on its reference answers."""
     tokenizer = AutoTokenizer.from_pretrained(root / "base")
-    paths = {n: root / "experts" / n for n in ("math", style)}
+    paths = {n: root / "experts" / n for n in FAMILIES[family]}
     composed = ComposedModelForCausalLM.from_experts(root / "base", paths)
-    docs = read_jsonl(TASKS / "math_val.jsonl")[:DOCS]
-    pairs = [(style_prompt(style, d["question"]), " " + STYLES[style].render(d["answer"])) for d in docs]
-    batch, score = _answer_batch(tokenizer, pairs)
+    batch, score = _answer_batch(tokenizer, reference_pairs(family))
     with tempfile.TemporaryDirectory() as tmp:
         merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(root / "base"),
                                            merge_as_lora(root / "base", paths, Path(tmp) / "merged")).eval()
@@ -54,19 +68,19 @@ def family_summary(root: Path, style: str, threshold: float) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("world", type=Path, help="a smol or gemma world with the experts math and each style of --styles")
-    parser.add_argument("--styles", default=",".join(STYLES), help=f"comma-separated, from {', '.join(STYLES)} (default: all)")
+    parser.add_argument("world", type=Path, help="a smol or gemma world with the experts of each family of --families")
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, from {', '.join(FAMILIES)} (default: all)")
     parser.add_argument("--threshold", type=float, default=0.1, help="nats of KL(p_i ‖ p_b) for an expert to count as active")
     args = parser.parse_args(argv)
-    styles = args.styles.split(",")
-    if unknown := [s for s in styles if s not in STYLES]:
-        parser.error(f"--styles: expected names from {', '.join(STYLES)}, got {', '.join(unknown)}")
-    summaries = {f"math+{s}": family_summary(args.world, s, args.threshold) for s in styles}
-    lines = ["| family | answer tokens | overlap | math activity | style activity | KL(composed ‖ merged) | argmax agreement |",
+    families = args.families.split(",")
+    if unknown := [f for f in families if f not in FAMILIES]:
+        parser.error(f"--families: expected names from {', '.join(FAMILIES)}, got {', '.join(unknown)}")
+    summaries = {f: family_summary(args.world, f, args.threshold) for f in families}
+    lines = ["| family | answer tokens | overlap | first expert's activity | second's | KL(composed ‖ merged) | argmax agreement |",
              "|---|---|---|---|---|---|---|"]
     for family, s in summaries.items():
-        math_act, style_act = s["activity_mean"].values()
-        lines.append(f"| {family} | {s['tokens']} | {s['overlap']:.1%} | {math_act:.3f} | {style_act:.3f} | "
+        first, second = s["activity_mean"].values()
+        lines.append(f"| {family} | {s['tokens']} | {s['overlap']:.1%} | {first:.3f} | {second:.3f} | "
                      f"{s['kl_composed_merged_mean']:.4f} | {s['argmax_agreement']:.1%} |")
     print("\n".join(lines))
     atomic_write_bytes(args.world / "two_skill_diagnostic.json", (json.dumps(summaries, indent=2) + "\n").encode())

@@ -102,6 +102,15 @@ def test_style_scoring_needs_the_style_and_the_content():
     for text, (styled, valid) in as_xml.items():
         got = utils.xml_sentence(doc, [text])
         assert (got["styled"], got["xml"]) == (styled, valid), (text, got)
+    # both styles at once: the element (named in either case) AND its content in capitals AND the sentence kept
+    both = {" <answer>RETURN THE SUM OF TWO NUMBERS.</answer>": (1, 1, 1.0), " <ANSWER>RETURN THE SUM OF TWO NUMBERS.</ANSWER>": (1, 1, 1.0),
+            " <answer>Return the sum of two numbers.</answer>": (0, 1, 1 / 24),  # the element, not capitals (R of 24 letters)
+            " RETURN THE SUM OF TWO NUMBERS.": (0, 0, 0.0), " <ANSWER>RETURN THE SUM OF TWO NUMBERS.</answer>": (0, 0, 0.0),
+            " <answer>THE CAT SAT ON A MAT.</answer>": (0, 1, 1.0), " <answer>RETURN THE SUM OF TWO numbers.</answer>": (0, 1, 17 / 24)}
+    for text, (exact, valid, upper) in both.items():
+        got = utils.shouted_xml_sentence(doc, [text])
+        assert (got["exact_match"], got["xml"]) == (exact, valid) and abs(got["upper"] - upper) < 1e-12, (text, got)
+    assert utils.shouted_xml_sentence(doc, [" <ANSWER>RETURN THE SUM OF TWO NUMBERS.</ANSWER>"])["content"] == 1.0
     # content_kept is difflib's ratio: 2 * matches / total length, case and spacing ignored
     assert utils.content_kept("AB  C", "ab c") == 1.0 and utils.content_kept("abcd", "abxy") == 0.5
 
@@ -113,7 +122,7 @@ def test_lm_eval_reads_every_task_and_validation_split():
     names = {f"smol_{key}": key for key in data}
     # tasks that ask other questions of the same documents
     names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("json", "shout"),
-                                                                          ("xml", "shout")) for split in ("", "_val")}
+                                                                          ("xml", "shout"), ("shout_xml", "shout")) for split in ("", "_val")}
     tasks = TaskManager(include_path=str(TASKS.parent)).load(list(names))["tasks"]
     for name, key in names.items():
         docs = list(tasks[name].test_docs())
@@ -124,5 +133,12 @@ def test_lm_eval_reads_every_task_and_validation_split():
     assert tasks["smol_text"].OUTPUT_TYPE == "loglikelihood_rolling"
     shout_doc = next(iter(tasks["smol_math_shout_val"].test_docs()))
     assert tasks["smol_math_shout_val"].doc_to_text(shout_doc) == f"Question: Answer in capital letters: {shout_doc['question']}\nAnswer:"
+    from merging.worlds.smol.styles import render, style_prompt
+
+    # the two-style task asks as the diagnostic and the experts' instructions do, and its reference is both styles' rendering
+    both_doc = next(iter(tasks["smol_shout_xml_val"].test_docs()))
+    request = f"Repeat this sentence: {both_doc['sentence']}"
+    assert tasks["smol_shout_xml_val"].doc_to_text(both_doc) == style_prompt(("xml", "shout"), request)
+    assert render(("xml", "shout"), both_doc["sentence"]) == f"<answer>{both_doc['answer']}</answer>"
     json_doc = next(iter(tasks["smol_math_json_val"].test_docs()))
     assert tasks["smol_math_json_val"].doc_to_text(json_doc) == f"Question: Answer in JSON: {json_doc['question']}\nAnswer:"

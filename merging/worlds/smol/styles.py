@@ -43,8 +43,18 @@ STYLES = {
 }
 
 
-def style_prompt(style: str, request: str) -> str:
-    return f"Question: {STYLES[style].instruction}{request}\nAnswer:"
+def style_prompt(style: str | tuple[str, ...], request: str) -> str:
+    """The prompt asking for `request` in `style`; several styles at once: their instructions in order
+    (("xml", "shout"): "Answer in XML: Answer in capital letters: ", the prompt of smol_shout_xml)."""
+    styles = (style,) if isinstance(style, str) else style
+    return f"Question: {''.join(STYLES[s].instruction for s in styles)}{request}\nAnswer:"
+
+
+def render(styles: tuple[str, ...], answer: str) -> str:
+    """The plain `answer` written in each of `styles`, the first outermost (("xml", "shout"): <answer>ANSWER</answer>)."""
+    for style in reversed(styles):
+        answer = STYLES[style].render(answer)
+    return answer
 
 
 def function_sentences() -> list[tuple[str, str]]:

@@ -40,17 +40,20 @@ def _style(style: str) -> Callable[[int], list[tuple]]:
     return lambda seed: style_pairs(style, seed)
 
 
-def _multitask(style: str) -> Callable[[int], list[tuple]]:
-    """The union of the math expert's and a style expert's training pairs: what a user trains instead of composing."""
-    return lambda seed: _math_pairs(seed) + style_pairs(style, seed)
+def _multitask(skills: tuple[str, ...]) -> Callable[[int], list[tuple]]:
+    """The union of the skills' experts' training pairs: what a user trains instead of composing them."""
+    return lambda seed: [pair for skill in skills for pair in SKILL_DATA[skill](seed)]
 
 
-EXPERT_DATA: dict[str, Callable[[int], list[tuple]]] = {
-    "math": _math_pairs, "code": _code_pairs, **{s: _style(s) for s in STYLES}, **{f"mt_math_{s}": _multitask(s) for s in STYLES}}
+SKILL_DATA: dict[str, Callable[[int], list[tuple]]] = {"math": _math_pairs, "code": _code_pairs, **{s: _style(s) for s in STYLES}}
+# the multitask reference of each two-skill family: one LoRA on the union of its two experts' data
+MULTITASK = {**{f"mt_math_{s}": ("math", s) for s in STYLES}, "mt_shout_xml": ("shout", "xml")}
+EXPERT_DATA = {**SKILL_DATA, **{name: _multitask(skills) for name, skills in MULTITASK.items()}}
 # every expert, the multitask references too, is trained with one rank, step count, batch and seed policy
 DEFAULT_STEPS = {name: 150 for name in EXPERT_DATA}
-# the experts whose answers wrap content in a format (each such style and its multitask reference): `wrapped` applies to them
-WRAPPING = {name for s, style in STYLES.items() if style.wraps for name in (s, f"mt_math_{s}")}
+# the experts whose answers wrap content in a format (each such style and the multitask references holding one): `wrapped` applies to them
+_FORMATS = {s for s, style in STYLES.items() if style.wraps}
+WRAPPING = _FORMATS | {name for name, skills in MULTITASK.items() if _FORMATS & set(skills)}
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
                        wrapped: str = "base"):
     """Train each named expert unless ROOT/experts/NAME already holds this configuration (or `force`).
 
-    `wrapped` (WRAPPED) applies to the experts of WRAPPING (json, xml and their multitask references); the others are trained the same either way and keep "base" in their configuration.
+    `wrapped` (WRAPPED) applies to the experts of WRAPPING (json, xml and the multitask references holding one); the others are trained the same either way and keep "base" in their configuration.
 
     Yields:
         (name, its train.json contents, whether an earlier training was reused).

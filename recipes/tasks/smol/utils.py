@@ -56,12 +56,19 @@ def json_answer(text):
 
 
 XML = re.compile(r"<answer>(.*?)</answer>", re.S)
+XML_ANY_CASE = re.compile(r"<(answer|ANSWER)>(.*?)</\1>", re.S)  # capitals make the element <ANSWER>...</ANSWER>
 
 
 def xml_answer(text):
     """The content of the <answer>...</answer> element `text` starts with (spaces aside), None when there is none."""
     found = XML.match(text.strip())
     return found.group(1) if found else None
+
+
+def xml_answer_any_case(text):
+    """As xml_answer, the element named `answer` or `ANSWER` (opened and closed alike)."""
+    found = XML_ANY_CASE.match(text.strip())
+    return found.group(2) if found else None
 
 
 def _number(text, doc):
@@ -128,3 +135,13 @@ def json_sentence(doc, results):
 def xml_sentence(doc, results):
     """smol_xml: `xml` (an <answer> element), `content` and `styled` as smol_json."""
     return _wrapped_sentence(doc, results[0], xml_answer, "xml")
+
+
+def shouted_xml_sentence(doc, results):
+    """smol_shout_xml: `xml` (an <answer> or <ANSWER> element), `upper` (the share of its content's letters in
+    upper case; 0 without one), `content` (its content keeps the sentence) and `exact_match` (all three: xml,
+    upper >= STYLED, content >= KEPT)."""
+    answer = xml_answer_any_case(results[0])
+    upper, content = (0.0, 0.0) if answer is None else (upper_share(answer), content_kept(answer, doc["sentence"]))
+    return {"exact_match": float(answer is not None and upper >= STYLED and content >= KEPT),
+            "xml": float(answer is not None), "upper": upper, "content": content}
