@@ -60,7 +60,7 @@ gemma: $(STAMP)
 
 # Two skills in one answer (docs/two-skill.md): the math expert, the shout, json and xml style experts and
 # the multitask LoRAs, then recipes/smol-two-skill.yaml, smol-two-skill-xml.yaml and smol-two-skill-styles.yaml
-# (its style experts in smol_styles; gemma: recipes/gemma3-two-skill.yaml, gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml).
+# (a probe; its style experts in smol_styles; gemma: recipes/gemma3-two-skill.yaml, gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml).
 TWO_SKILL_EXPERTS := math,json,mt_math_json
 smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
@@ -69,7 +69,7 @@ smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-xml.yaml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_styles
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts xml --wrapped scored
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts shout,mt_shout_xml --steps 300 --wrapped scored
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts shout --steps 300
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-styles.yaml
 
 gemma-two-skill: $(STAMP)
