@@ -83,12 +83,13 @@ class Router(torch.nn.Module):
         x = F.normalize(means.to(self.centre.dtype) - self.centre, dim=-1)  # (..., d)
         return torch.softmax(x @ self.directions.T / self.tau, dim=-1)  # (..., k)
 
+    def scores(self, means: torch.Tensor) -> torch.Tensor:
+        """The detectors' scores z (..., k) from mean hidden states (..., d), before the clamp at 0."""
+        return (means.to(self.centre.dtype) - self.centre) @ self.detector_directions.T - self.detector_offsets  # (..., k)
+
     def evidence(self, means: torch.Tensor) -> torch.Tensor:
         """Each expert's evidence (..., k) ≥ 0 from mean hidden states (..., d): π, or z⁺ with detectors."""
-        if not self.discriminant:
-            return self.posterior(means)
-        z = (means.to(self.centre.dtype) - self.centre) @ self.detector_directions.T - self.detector_offsets  # (..., k)
-        return z.clamp(min=0)
+        return self.scores(means).clamp(min=0) if self.discriminant else self.posterior(means)
 
     def gates(self, means: torch.Tensor) -> torch.Tensor:
         """g (..., k) from mean hidden states (..., d): each evidence over the top one (binary: 1), 0 below the

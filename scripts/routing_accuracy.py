@@ -10,6 +10,11 @@ training prompts, as a recipe's `route:` reads them); each task's prompts are lm
 validation documents. Per task, at the prompt's last token: `top` is the share of prompts whose top-gated
 expert is the task's expert (one-expert tasks), `exact` the share whose composed experts (gate > 0 at the
 threshold θ) are exactly the task's experts (`a+b`: both kept, no other). Prints a markdown table and JSON.
+
+`--evidence` (with `--score discriminant`) prints instead each expert's detector score z_i (before the clamp
+at 0; 1 on average over its own training prompts, 0 over the other experts') on each task's prompts: mean
+[min, max], what decides which experts a threshold can keep. `--pool last` reads the hidden state of the
+prompt's last token instead of the mean over its tokens (a probe: routing itself pools by the mean).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp.config import ROUTING_SCORES
-from logitcomp.routing import Router, expert_prompt_means, prompt_means, routing_config
+from logitcomp.routing import Router, expert_prompt_means, last_hidden, prompt_means, routing_config
 from merging.pool import read_prompts
 
 TASKS = Path(__file__).resolve().parents[1] / "recipes" / "tasks"
@@ -35,6 +40,34 @@ def task_prompts(task: str) -> list[str]:
     t = get_task_dict([task], TaskManager(include_path=str(TASKS), include_defaults=False))[task]
     docs = t.validation_docs() if t.has_validation_docs() else t.test_docs()
     return [t.doc_to_text(d) for d in docs]
+
+
+@torch.no_grad()
+def prompt_lasts(model, tokenizer, prompts: list[str], batch_size: int = 8) -> torch.Tensor:
+    """Each prompt's last hidden state at its last token (n, d) fp32, as `prompt_means` batches them."""
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        rows = [tokenizer(p)["input_ids"] for p in prompts[start:start + batch_size]]
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])  # (b, T)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # (b, T)
+        hidden = last_hidden(model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1))
+        out.append(hidden[torch.arange(len(rows)), mask.sum(-1) - 1].float())  # (b, d)
+    return torch.cat(out)
+
+
+def print_evidence(train: dict[str, torch.Tensor], means: dict[str, torch.Tensor], experts: list[str], shrinkage: list[float]) -> None:
+    """Per λ: each task's detector scores z (n, k) as `mean [min, max]` per expert, a markdown table and JSON."""
+    rows = []
+    for value in shrinkage:
+        router = Router.from_config(routing_config(train, score="discriminant", shrinkage=value), experts)
+        for task, m in means.items():
+            z = router.scores(m)  # (n, k)
+            rows.append((value, task, z.mean(0).tolist(), z.amin(0).tolist(), z.amax(0).tolist()))
+    print(f"| λ | task | {' | '.join(f'z {e}' for e in experts)} |\n|---|---|{'---|' * len(experts)}")
+    for value, task, mean, low, high in rows:
+        print(f"| {value:g} | {task} | " + " | ".join(f"{a:.2f} [{b:.2f}, {c:.2f}]" for a, b, c in zip(mean, low, high)) + " |")
+    print(json.dumps({"experts": experts, "evidence": rows}))
 
 
 def settings(args) -> list[tuple[str, dict]]:
@@ -53,15 +86,25 @@ def main(argv=None) -> None:
     parser.add_argument("--tau", type=float, nargs="+", default=[0.05, 0.1, 0.2], help="cosine posteriors' temperatures")
     parser.add_argument("--shrinkage", type=float, nargs="+", default=[1.0], help="the discriminant's covariance shrinkage λ")
     parser.add_argument("--threshold", type=float, nargs="+", default=[0.3], help="θ: gates below θ · the top one's are 0")
+    parser.add_argument("--evidence", action="store_true", help="print the detectors' scores z per task (--score discriminant)")
+    parser.add_argument("--pool", choices=("mean", "last"), default="mean", help="a prompt's mean hidden state, or its last token's")
     args = parser.parse_args(argv)
+    if args.evidence and args.score != "discriminant":
+        parser.error("--evidence: the detectors' scores need --score discriminant")
     experts = args.experts.split(",")
     tasks = [(t.split("=")[0], [experts.index(e) for e in t.split("=")[1].split("+")]) for t in args.tasks.split(",")]
     tok = AutoTokenizer.from_pretrained(args.world / "base")
     base = AutoModelForCausalLM.from_pretrained(args.world / "base").eval()
     prompts = {e: read_prompts(f"experts.{e}", args.world / "experts" / e / "prompts.jsonl", 200) for e in experts}
     with torch.no_grad():
-        train = expert_prompt_means(base, tok, prompts)
-        means = {task: prompt_means(base, tok, task_prompts(task)) for task, _ in tasks}
+        if args.pool == "mean":
+            train = expert_prompt_means(base, tok, prompts)
+            means = {task: prompt_means(base, tok, task_prompts(task)) for task, _ in tasks}
+        else:
+            train = {e: prompt_lasts(base, tok, p) for e, p in prompts.items()}
+            means = {task: prompt_lasts(base, tok, task_prompts(task)) for task, _ in tasks}
+    if args.evidence:
+        return print_evidence(train, means, experts, args.shrinkage)
     rows = []
     for label, keywords in settings(args):
         router = Router.from_config(routing_config(train, score=args.score, **keywords), experts)

@@ -81,6 +81,8 @@ def test_discriminant_gates_are_the_documented_formula_and_score_one_on_own_prom
         _close(torch.tensor([routing["detectors"][n]["offset"] for n in "abc"], dtype=torch.float64), o, tol=1e-9)
         router = Router.from_config(routing, list("abc"), dtype=torch.float64)
         centre = torch.stack([m.mean(0) for m in means.values()]).mean(0)
+        _close(router.scores(queries), (queries - centre) @ v.T - o)  # z before the clamp
+        assert (router.scores(queries) < 0).any()  # so the clamp is not what the line above checks
         z = ((queries - centre) @ v.T - o).clamp(min=0)  # (9, 3)
         top = z.amax(-1, keepdim=True)
         keep = (z >= threshold * top) & (top > 0)
