@@ -92,14 +92,18 @@ class Router(torch.nn.Module):
         return self.scores(means).clamp(min=0) if self.discriminant else self.posterior(means)
 
     def gates(self, means: torch.Tensor) -> torch.Tensor:
-        """g (..., k) from mean hidden states (..., d): each evidence over the top one (binary: 1), 0 below the
-        threshold (every gate 0 where no expert has evidence)."""
-        e = self.evidence(means)  # (..., k)
-        top = e.amax(-1, keepdim=True)  # (..., 1)
-        keep = (e >= self.threshold * top) & (top > 0)
-        if self.binary:
-            return keep.float()
-        return torch.where(keep, e / top.clamp(min=torch.finfo(e.dtype).tiny), torch.zeros_like(e)).float()
+        """g (..., k) from mean hidden states (..., d): `threshold_gates` of the evidence."""
+        return threshold_gates(self.evidence(means), self.threshold, self.binary)
+
+
+def threshold_gates(evidence: torch.Tensor, threshold: float, binary: bool = False) -> torch.Tensor:
+    """g (..., k) from evidence (..., k) ≥ 0: each evidence over the top one (binary: 1), 0 below θ · the top one
+    (every gate 0 where no expert has evidence)."""
+    top = evidence.amax(-1, keepdim=True)  # (..., 1)
+    keep = (evidence >= threshold * top) & (top > 0)
+    if binary:
+        return keep.float()
+    return torch.where(keep, evidence / top.clamp(min=torch.finfo(evidence.dtype).tiny), torch.zeros_like(evidence)).float()
 
 
 def running_means(hidden: torch.Tensor, mask: torch.Tensor | None, state: RouteState | None) -> tuple[torch.Tensor, RouteState]:

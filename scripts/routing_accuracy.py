@@ -13,8 +13,11 @@ threshold θ) are exactly the task's experts (`a+b`: both kept, no other). Print
 
 `--evidence` (with `--score discriminant`) prints instead each expert's detector score z_i (before the clamp
 at 0; 1 on average over its own training prompts, 0 over the other experts') on each task's prompts: mean
-[min, max], what decides which experts a threshold can keep. `--pool last` reads the hidden state of the
-prompt's last token instead of the mean over its tokens (a probe: routing itself pools by the mean).
+[min, max], what decides which experts a threshold can keep. Probes of other evidence (routing itself pools by
+the mean; both with `--score discriminant`): `--pool last` reads the hidden state of the prompt's last token
+instead of the mean over its tokens; `--pool max` fits the detectors on every token's hidden state of the experts'
+prompts (each token labelled with its prompt's expert), scores a prompt by each detector's maximum over its
+tokens, and rescales that maximum to 1 on average over the expert's own prompts and 0 over the other experts'.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp.config import ROUTING_SCORES
-from logitcomp.routing import Router, expert_prompt_means, last_hidden, prompt_means, routing_config
+from logitcomp.routing import Router, expert_prompt_means, last_hidden, prompt_means, routing_config, threshold_gates
 from merging.pool import read_prompts
 
 TASKS = Path(__file__).resolve().parents[1] / "recipes" / "tasks"
@@ -43,8 +46,8 @@ def task_prompts(task: str) -> list[str]:
 
 
 @torch.no_grad()
-def prompt_lasts(model, tokenizer, prompts: list[str], batch_size: int = 8) -> torch.Tensor:
-    """Each prompt's last hidden state at its last token (n, d) fp32, as `prompt_means` batches them."""
+def prompt_tokens(model, tokenizer, prompts: list[str], batch_size: int = 8) -> list[torch.Tensor]:
+    """Each prompt's last hidden states (T_i, d) fp32 over its tokens, as `prompt_means` batches them."""
     out = []
     for start in range(0, len(prompts), batch_size):
         rows = [tokenizer(p)["input_ids"] for p in prompts[start:start + batch_size]]
@@ -52,17 +55,34 @@ def prompt_lasts(model, tokenizer, prompts: list[str], batch_size: int = 8) -> t
         ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])  # (b, T)
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # (b, T)
         hidden = last_hidden(model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1))
-        out.append(hidden[torch.arange(len(rows)), mask.sum(-1) - 1].float())  # (b, d)
-    return torch.cat(out)
+        out += [h[:len(r)].float() for h, r in zip(hidden, rows)]  # (T_i, d) each
+    return out
 
 
-def print_evidence(train: dict[str, torch.Tensor], means: dict[str, torch.Tensor], experts: list[str], shrinkage: list[float]) -> None:
+def pooled_scores(train: dict[str, list[torch.Tensor]], tasks: dict[str, list[torch.Tensor]], pool: str,
+                  shrinkage: float) -> dict[str, torch.Tensor]:
+    """Task -> the detectors' scores z (n, k) of its prompts, from each prompt's token states (T_i, d) pooled
+    by `pool` (the module's docstring); the experts in `train`'s order."""
+    experts = list(train)
+    if pool in ("mean", "last"):
+        reduce = (lambda h: h.mean(0)) if pool == "mean" else (lambda h: h[-1])  # noqa: E731
+        feats = {e: torch.stack([reduce(h) for h in hs]) for e, hs in train.items()}  # (n_e, d)
+        router = Router.from_config(routing_config(feats, score="discriminant", shrinkage=shrinkage), experts)
+        return {t: router.scores(torch.stack([reduce(h) for h in hs])) for t, hs in tasks.items()}
+    router = Router.from_config(routing_config({e: torch.cat(hs) for e, hs in train.items()}, score="discriminant",
+                                               shrinkage=shrinkage), experts)
+    peak = lambda hs: torch.stack([router.scores(h).amax(0) for h in hs])  # noqa: E731  (n, k): each detector's max over tokens
+    own = {e: peak(hs) for e, hs in train.items()}
+    scale = torch.tensor([own[e][:, i].mean() for i, e in enumerate(experts)])  # (k,)
+    offset = torch.tensor([torch.cat([own[o][:, i] for o in experts if o != e]).mean() for i, e in enumerate(experts)])  # (k,)
+    return {t: (peak(hs) - offset) / (scale - offset) for t, hs in tasks.items()}
+
+
+def print_evidence(scores: dict[float, dict[str, torch.Tensor]], experts: list[str]) -> None:
     """Per λ: each task's detector scores z (n, k) as `mean [min, max]` per expert, a markdown table and JSON."""
     rows = []
-    for value in shrinkage:
-        router = Router.from_config(routing_config(train, score="discriminant", shrinkage=value), experts)
-        for task, m in means.items():
-            z = router.scores(m)  # (n, k)
+    for value, by_task in scores.items():
+        for task, z in by_task.items():
             rows.append((value, task, z.mean(0).tolist(), z.amin(0).tolist(), z.amax(0).tolist()))
     print(f"| λ | task | {' | '.join(f'z {e}' for e in experts)} |\n|---|---|{'---|' * len(experts)}")
     for value, task, mean, low, high in rows:
@@ -87,29 +107,33 @@ def main(argv=None) -> None:
     parser.add_argument("--shrinkage", type=float, nargs="+", default=[1.0], help="the discriminant's covariance shrinkage λ")
     parser.add_argument("--threshold", type=float, nargs="+", default=[0.3], help="θ: gates below θ · the top one's are 0")
     parser.add_argument("--evidence", action="store_true", help="print the detectors' scores z per task (--score discriminant)")
-    parser.add_argument("--pool", choices=("mean", "last"), default="mean", help="a prompt's mean hidden state, or its last token's")
+    parser.add_argument("--pool", choices=("mean", "last", "max"), default="mean",
+                        help="a prompt's mean hidden state, its last token's, or token-level detectors' maximum (probes)")
     args = parser.parse_args(argv)
-    if args.evidence and args.score != "discriminant":
-        parser.error("--evidence: the detectors' scores need --score discriminant")
+    if (args.evidence or args.pool != "mean") and args.score != "discriminant":
+        parser.error("--evidence and --pool last/max: the detectors' scores need --score discriminant")
     experts = args.experts.split(",")
     tasks = [(t.split("=")[0], [experts.index(e) for e in t.split("=")[1].split("+")]) for t in args.tasks.split(",")]
     tok = AutoTokenizer.from_pretrained(args.world / "base")
     base = AutoModelForCausalLM.from_pretrained(args.world / "base").eval()
     prompts = {e: read_prompts(f"experts.{e}", args.world / "experts" / e / "prompts.jsonl", 200) for e in experts}
     with torch.no_grad():
-        if args.pool == "mean":
+        if args.score == "cosine":
             train = expert_prompt_means(base, tok, prompts)
             means = {task: prompt_means(base, tok, task_prompts(task)) for task, _ in tasks}
         else:
-            train = {e: prompt_lasts(base, tok, p) for e, p in prompts.items()}
-            means = {task: prompt_lasts(base, tok, task_prompts(task)) for task, _ in tasks}
+            states = {e: prompt_tokens(base, tok, p) for e, p in prompts.items()}
+            task_states = {task: prompt_tokens(base, tok, task_prompts(task)) for task, _ in tasks}
+            scores = {v: pooled_scores(states, task_states, args.pool, v) for v in args.shrinkage}
     if args.evidence:
-        return print_evidence(train, means, experts, args.shrinkage)
+        return print_evidence(scores, experts)
     rows = []
     for label, keywords in settings(args):
-        router = Router.from_config(routing_config(train, score=args.score, **keywords), experts)
+        if args.score == "cosine":
+            router = Router.from_config(routing_config(train, score=args.score, **keywords), experts)
         for task, wanted in tasks:
-            gates = router.gates(means[task])  # (n, k)
+            gates = (router.gates(means[task]) if args.score == "cosine"  # (n, k)
+                     else threshold_gates(scores[keywords["shrinkage"]][task].clamp(min=0), keywords["threshold"]))
             top = (gates.argmax(-1) == wanted[0]).float().mean().item() if len(wanted) == 1 else None
             chosen = torch.zeros(len(experts), dtype=torch.bool)
             chosen[wanted] = True

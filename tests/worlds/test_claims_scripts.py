@@ -113,3 +113,36 @@ def test_smol_answer_positions_are_those_that_predict_the_answer():
         assert tokenizer.decode(row) == prompt + answer  # left-padded, no special tokens
         predicted = ids[i, 1:][score[i, :-1]].tolist()  # the token after each scored position
         assert tokenizer.decode(predicted) == answer and int(score[i].sum()) == len(answer)
+
+
+def test_routing_accuracy_pools_the_detectors_scores_as_documented():
+    import routing_accuracy as ra
+
+    from logitcomp.routing import routing_config
+
+    gen = torch.Generator().manual_seed(3)
+    # three experts' prompts of 3-6 tokens (d = 4), each expert's tokens shifted along its own axis
+    train = {e: [torch.randn(3 + j % 4, 4, generator=gen) + 2 * torch.eye(4)[i] for j in range(7)] for i, e in enumerate("abc")}
+    tasks = {"t": [torch.randn(5, 4, generator=gen) for _ in range(3)]}
+    experts = list(train)
+    # mean: the detectors of the prompts' means, scored on the task prompts' means
+    routing = routing_config({e: torch.stack([h.mean(0) for h in hs]) for e, hs in train.items()}, score="discriminant", shrinkage=0.5)
+    v = torch.tensor([routing["detectors"][e]["direction"] for e in experts])  # (k, d)
+    o = torch.tensor([routing["detectors"][e]["offset"] for e in experts])  # (k,)
+    centre = torch.tensor([routing["centroids"][e] for e in experts]).mean(0)
+    want = torch.stack([(h.mean(0) - centre) @ v.T - o for h in tasks["t"]])
+    assert torch.allclose(ra.pooled_scores(train, tasks, "mean", 0.5)["t"], want, atol=1e-5)
+    # max: token-level detectors, each one's maximum over a prompt's tokens, rescaled to 1 (own) and 0 (others) by hand
+    routing = routing_config({e: torch.cat(hs) for e, hs in train.items()}, score="discriminant", shrinkage=0.5)
+    v = torch.tensor([routing["detectors"][e]["direction"] for e in experts])
+    o = torch.tensor([routing["detectors"][e]["offset"] for e in experts])
+    centre = torch.tensor([routing["centroids"][e] for e in experts]).mean(0)
+    peak = lambda h, i: max(float((h[s] - centre) @ v[i] - o[i]) for s in range(len(h)))  # noqa: E731
+    for i, e in enumerate(experts):
+        own = sum(peak(h, i) for h in train[e]) / len(train[e])
+        others = [peak(h, i) for f in experts if f != e for h in train[f]]
+        other = sum(others) / len(others)
+        got = ra.pooled_scores(train, tasks, "max", 0.5)["t"][:, i]
+        assert torch.allclose(got, torch.tensor([(peak(h, i) - other) / (own - other) for h in tasks["t"]]), atol=1e-4)
+    rescaled = ra.pooled_scores(train, train, "max", 0.5)
+    assert abs(rescaled["a"][:, 0].mean() - 1) < 1e-4 and abs(torch.cat([rescaled["b"][:, 0], rescaled["c"][:, 0]]).mean()) < 1e-4
