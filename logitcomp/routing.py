@@ -40,7 +40,7 @@ sequence in one forward and decoding it token by token through the cache give th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -142,13 +142,12 @@ def last_hidden(output) -> torch.Tensor:
 
 
 @torch.no_grad()
-def prompt_means(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) -> torch.Tensor:
-    """Each prompt's mean last hidden state over its tokens (n, d) fp32, from `model` (the base: call it
-    with the adapters disabled), batched with right padding (id 0 under a zero mask: no pad token needed)."""
+def prompt_hidden(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The prompts' last hidden states from `model`, batch by batch: (hidden (b, T, d), mask (b, T)), right-padded
+    (id 0 under a zero mask: no pad token needed)."""
     encoded = [tokenizer(p)["input_ids"] for p in prompts]
     if not encoded or not all(encoded):
         raise ValueError("prompts: expected at least one prompt, each of at least one token")
-    out = []
     device = next(model.parameters()).device
     for start in range(0, len(encoded), batch_size):
         rows = encoded[start:start + batch_size]
@@ -156,7 +155,14 @@ def prompt_means(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) 
         ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device)  # (b, T)
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)  # (b, T)
         # logits_to_keep=1: the head runs on one position only (the hidden states of every position are kept)
-        hidden = last_hidden(model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1))
+        yield last_hidden(model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)), mask
+
+
+def prompt_means(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) -> torch.Tensor:
+    """Each prompt's mean last hidden state over its tokens (n, d) fp32, from `model` (the base: call it
+    with the adapters disabled), batched by `prompt_hidden`."""
+    out = []
+    for hidden, mask in prompt_hidden(model, tokenizer, prompts, batch_size):
         means, _ = running_means(hidden, mask, None)  # (b, T, d)
         out.append(means[torch.arange(len(mask)), mask.sum(-1) - 1])  # (b, d): the mean at each row's last token
     return torch.cat(out)

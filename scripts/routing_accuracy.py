@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp.config import ROUTING_SCORES
-from logitcomp.routing import Router, expert_prompt_means, last_hidden, prompt_means, routing_config, threshold_gates
+from logitcomp.routing import Router, expert_prompt_means, prompt_hidden, prompt_means, routing_config, threshold_gates
 from merging.pool import read_prompts
 
 TASKS = Path(__file__).resolve().parents[1] / "recipes" / "tasks"
@@ -45,18 +45,9 @@ def task_prompts(task: str) -> list[str]:
     return [t.doc_to_text(d) for d in docs]
 
 
-@torch.no_grad()
 def prompt_tokens(model, tokenizer, prompts: list[str], batch_size: int = 8) -> list[torch.Tensor]:
-    """Each prompt's last hidden states (T_i, d) fp32 over its tokens, as `prompt_means` batches them."""
-    out = []
-    for start in range(0, len(prompts), batch_size):
-        rows = [tokenizer(p)["input_ids"] for p in prompts[start:start + batch_size]]
-        width = max(map(len, rows))
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])  # (b, T)
-        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # (b, T)
-        hidden = last_hidden(model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1))
-        out += [h[:len(r)].float() for h, r in zip(hidden, rows)]  # (T_i, d) each
-    return out
+    """Each prompt's last hidden states (T_i, d) fp32 over its tokens (`prompt_hidden`'s batches, padding cut)."""
+    return [h[m.bool()].float() for hidden, mask in prompt_hidden(model, tokenizer, prompts, batch_size) for h, m in zip(hidden, mask)]
 
 
 def pooled_scores(train: dict[str, list[torch.Tensor]], tasks: dict[str, list[torch.Tensor]], pool: str,

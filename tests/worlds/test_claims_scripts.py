@@ -138,11 +138,11 @@ def test_routing_accuracy_pools_the_detectors_scores_as_documented():
     o = torch.tensor([routing["detectors"][e]["offset"] for e in experts])
     centre = torch.tensor([routing["centroids"][e] for e in experts]).mean(0)
     peak = lambda h, i: max(float((h[s] - centre) @ v[i] - o[i]) for s in range(len(h)))  # noqa: E731
+    pooled = ra.pooled_scores(train, tasks, "max", 0.5)["t"]  # (3, k)
     for i, e in enumerate(experts):
         own = sum(peak(h, i) for h in train[e]) / len(train[e])
         others = [peak(h, i) for f in experts if f != e for h in train[f]]
         other = sum(others) / len(others)
-        got = ra.pooled_scores(train, tasks, "max", 0.5)["t"][:, i]
-        assert torch.allclose(got, torch.tensor([(peak(h, i) - other) / (own - other) for h in tasks["t"]]), atol=1e-4)
+        assert torch.allclose(pooled[:, i], torch.tensor([(peak(h, i) - other) / (own - other) for h in tasks["t"]]), atol=1e-4)
     rescaled = ra.pooled_scores(train, train, "max", 0.5)
     assert abs(rescaled["a"][:, 0].mean() - 1) < 1e-4 and abs(torch.cat([rescaled["b"][:, 0], rescaled["c"][:, 0]]).mean()) < 1e-4
