@@ -32,6 +32,7 @@ def check_eos_policy(policy) -> str:
 
 ROUTING_SCORES = ("cosine", "discriminant")  # how routing scores the experts' evidence (logitcomp.routing)
 ROUTING_GATES = ("scaled", "binary")  # a kept expert's gate: its evidence over the top one's, or 1 (logitcomp.routing)
+ROUTING_POOLS = ("mean", "max")  # what the evidence reads: the mean hidden state so far, or (detectors) each token (logitcomp.routing)
 
 
 def check_routing(routing) -> dict | None:
@@ -43,14 +44,15 @@ def check_routing(routing) -> dict | None:
     over the top one's, or ("binary") 1; `update` (default true): false holds, in every forward that continues
     a cache (each `generate` step), the gates the cache's first forward (the prompt) ended with; `detectors`
     (optional): expert name -> {"direction": d numbers, "offset": a number}, the discriminant scores that
-    replace the cosine posteriors (see `logitcomp.routing`)."""
+    replace the cosine posteriors; `pool` in ROUTING_POOLS (default "mean"; "max" needs detectors): the
+    detectors score the mean hidden state so far, or each token with their running maximum (see `logitcomp.routing`)."""
     if routing is None:
         return None
     if not isinstance(routing, dict):
         raise ValueError(f"routing: expected a mapping with centroids, tau and threshold, got {routing!r}")
-    unknown = sorted(set(routing) - {"centroids", "tau", "threshold", "gates", "update", "detectors"})
+    unknown = sorted(set(routing) - {"centroids", "tau", "threshold", "gates", "update", "pool", "detectors"})
     if unknown:
-        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: centroids, tau, threshold, gates, update, detectors")
+        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: centroids, tau, threshold, gates, update, pool, detectors")
     centroids = routing.get("centroids")
     if not isinstance(centroids, dict) or not centroids:
         raise ValueError(f"routing.centroids: expected a mapping of expert name to a list of numbers, got {centroids!r}")
@@ -74,6 +76,9 @@ def check_routing(routing) -> dict | None:
     out["update"] = routing.get("update", True)
     if not isinstance(out["update"], bool):
         raise ValueError(f"routing.update: expected true or false, got {out['update']!r}")
+    out["pool"] = routing.get("pool", "mean")
+    if out["pool"] not in ROUTING_POOLS or (out["pool"] == "max" and "detectors" not in routing):
+        raise ValueError(f"routing.pool: expected one of {list(ROUTING_POOLS)} (max only with detectors), got {out['pool']!r}")
     if "detectors" in routing:
         out["detectors"] = _check_detectors(routing["detectors"], out["centroids"], length)
     return out

@@ -24,7 +24,7 @@ from .head import fast_head
 from .loading import LoadOptions, refuse_unknown
 from .ops import Composer, LogitsWatch, check_logits, entropy, kl_divergence
 from .outputs import ComposedCache, ComposedCausalLMOutput, CompositionTrace
-from .routing import Router, last_hidden, step_means
+from .routing import Router, last_hidden
 from .scoring import forward_in_chunks, scoring_chunk
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
     def _step(self, input_ids, attention_mask, cache, position_ids, logits_to_keep, output_trace, hold=False) -> ComposedCausalLMOutput:
         """One forward of every row (the grouped LoRA rows and each full expert), then the composition.
         `cache`: continued and returned when given, else nothing is cached. `hold`: route every new position by
-        the cache's mean so far (its routing state is left as it is) instead of the running mean."""
+        the cache's routing state (the prompt's mean or maxima, left as it is) instead of the running one."""
         batch, length = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
@@ -236,11 +236,10 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         gates = None
         if self.router is not None:  # the base rows' hidden states: the first block
             mask = None if attention_mask is None else attention_mask[:, -length:]
-            means, state = step_means(None if hold else last_hidden(out)[:batch], mask, cache.route if cache is not None else None,
-                                      grouped.shape[2])  # (B, T', d)
+            gates, state = self.router.step_gates(None if hold else last_hidden(out)[:batch], mask,
+                                                  cache.route if cache is not None else None, grouped.shape[2])  # (B, T', k)
             if cache is not None:
                 cache.route = state
-            gates = self.router.gates(means)  # (B, T', k)
         by_name = dict(zip(self.lora_experts, grouped[1:]))
         for name, expert in self.full_experts.items():
             by_name[name] = expert(

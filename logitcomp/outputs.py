@@ -26,7 +26,7 @@ class ComposedCache:
         else:
             self.rows = DynamicCache()
             self.full = {name: DynamicCache() for name in full_experts}
-        self.route = None  # routing: (sum, count) of the base's hidden states over each row's tokens so far
+        self.route = None  # routing: each row's tokens so far (`logitcomp.routing.RouteState`)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.rows.get_seq_length(layer_idx)

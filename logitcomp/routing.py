@@ -26,15 +26,25 @@ detected (every z ≤ 0) gives every gate 0: the product rule is then the base.
 With `gates: binary` every kept expert's gate is 1 (g_i,t = 1 where the rule above keeps expert i, else 0): the
 experts the evidence keeps are composed at their full weights, as a composition of exactly those experts.
 
+With `pool: max` (detectors only) each detector reads single tokens instead of the running mean, and an expert
+is kept from the first token that shows its skill on (an instruction "Answer in XML" at the end of a word problem
+is a few tokens of a long prompt, and its evidence would be averaged away):
+
+    z_i,t = max_{s ≤ t} (h_s − μ) · v_i − o_i        (padding left out)
+
+with v_i, o_i fitted on every token of the experts' prompts (each token labelled with its prompt's expert) and
+rescaled so that the maximum over a prompt's tokens is 1 on average over expert i's prompts and 0 over the other
+experts' (`peak_detectors`); the gates follow from z as above.
+
 With `update: false` the gates stop following the tokens a model generates: a forward that continues a cache
-(each decoding step of `generate`) uses the gates of the mean over the tokens of the cache's first forward (the
-prompt), the prompt posterior of Branch-Train-Merge without its per-token update. A sequence scored in one
+(each decoding step of `generate`) uses the gates of the mean (with `pool: max`, the maximum) over the tokens of the
+cache's first forward (the prompt), the prompt posterior of Branch-Train-Merge without its per-token update. A sequence scored in one
 forward is routed position by position as above either way (each position's prefix is its prompt), so with
 `update: false` a generated token's decoding log-probs are those of the prompt's gates, not of its prefix's.
 
 Reductions: all posteriors equal → every g = 1 → the rule with its fixed weights; one expert certain
 (π = e_j) → only expert j applies (with the product rule and w_j = 1, exactly expert j). θ = 1 keeps
-only the top expert at each position. The running mean is causal, so (with `update`, the default) scoring a
+only the top expert at each position. The running mean and maximum are causal, so (with `update`, the default) scoring a
 sequence in one forward and decoding it token by token through the cache give the same gates.
 """
 
@@ -45,21 +55,26 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from .config import ROUTING_SCORES
+from .config import ROUTING_POOLS, ROUTING_SCORES
 
-RouteState = tuple[torch.Tensor, torch.Tensor]  # (sum of hidden states (B, d), token count (B, 1)) of a row's tokens so far
+# a row's tokens so far: pool "mean": (sum of hidden states (B, d), token count (B, 1)); "max": each detector's maximum (B, k)
+RouteState = tuple[torch.Tensor, torch.Tensor] | torch.Tensor
 
 
 class Router(torch.nn.Module):
     """The gates of `CompositionConfig.routing` (centroids in the composition's expert order), on the model's device."""
 
     def __init__(self, centroids: torch.Tensor, tau: float, threshold: float,
-                 detectors: tuple[torch.Tensor, torch.Tensor] | None = None, binary: bool = False, update: bool = True):
+                 detectors: tuple[torch.Tensor, torch.Tensor] | None = None, binary: bool = False, update: bool = True,
+                 pool: str = "mean"):
         """`detectors`: None (cosine posteriors), or (v (k, d), o (k,)) of the discriminant scores; `binary`: a
         kept expert's gate is 1 instead of its evidence over the top one's; `update`: False holds the prompt's
-        gates over the forwards that continue a cache."""
+        gates over the forwards that continue a cache; `pool` (ROUTING_POOLS): "max" scores each token with the
+        detectors and keeps each one's running maximum."""
         super().__init__()
-        self.tau, self.threshold, self.binary, self.update = tau, threshold, binary, update
+        if pool not in ROUTING_POOLS or (pool == "max" and detectors is None):
+            raise ValueError(f"routing.pool: expected one of {list(ROUTING_POOLS)} (max with detectors), got {pool!r}")
+        self.tau, self.threshold, self.binary, self.update, self.pool = tau, threshold, binary, update, pool
         centre = centroids.mean(0)  # (d,)
         # (k, d) unit directions of the centred centroids; a zero direction (a single expert) scores 0
         self.register_buffer("directions", F.normalize(centroids - centre, dim=-1), persistent=False)
@@ -76,7 +91,8 @@ class Router(torch.nn.Module):
         if detectors is not None:
             detectors = (torch.tensor([detectors[e]["direction"] for e in experts], dtype=dtype),  # (k, d)
                          torch.tensor([detectors[e]["offset"] for e in experts], dtype=dtype))  # (k,)
-        return cls(centroids, routing["tau"], routing["threshold"], detectors, routing["gates"] == "binary", routing["update"])
+        return cls(centroids, routing["tau"], routing["threshold"], detectors, routing["gates"] == "binary", routing["update"],
+                   routing["pool"])
 
     def posterior(self, means: torch.Tensor) -> torch.Tensor:
         """π (..., k) from mean hidden states (..., d)."""
@@ -94,6 +110,27 @@ class Router(torch.nn.Module):
     def gates(self, means: torch.Tensor) -> torch.Tensor:
         """g (..., k) from mean hidden states (..., d): `threshold_gates` of the evidence."""
         return threshold_gates(self.evidence(means), self.threshold, self.binary)
+
+    def step_gates(self, hidden: torch.Tensor | None, mask: torch.Tensor | None, state: RouteState | None,
+                   width: int) -> tuple[torch.Tensor, RouteState]:
+        """The gates (B, width, k) of a forward's last `width` positions and the state to continue from.
+
+        Args:
+            hidden: (B, T, d) the forward's last hidden states; None holds the routing (`update: false`): every
+                position takes the gates of `state` (the cache's first forward), left as it is.
+            mask: (B, T) 1 on real tokens, 0 on padding (None: all real).
+            state: the row's previous tokens (RouteState), None at its start.
+        """
+        if hidden is None:
+            pooled = _held(state).unsqueeze(1).expand(-1, width, -1)  # (B, width, d or k)
+        elif self.pool == "max":
+            pooled, state = running_peaks(self.scores(hidden), mask, state)  # (B, T, k)
+        else:
+            pooled, state = running_means(hidden, mask, state)  # (B, T, d)
+        pooled = pooled[:, -width:]
+        if self.pool == "max":
+            return threshold_gates(pooled.clamp(min=0), self.threshold, self.binary), state
+        return self.gates(pooled), state
 
 
 def threshold_gates(evidence: torch.Tensor, threshold: float, binary: bool = False) -> torch.Tensor:
@@ -124,16 +161,29 @@ def running_means(hidden: torch.Tensor, mask: torch.Tensor | None, state: RouteS
     return means, (sums[:, -1], counts[:, -1])
 
 
-def step_means(hidden: torch.Tensor | None, mask: torch.Tensor | None, state: RouteState | None,
-               width: int) -> tuple[torch.Tensor, RouteState | None]:
-    """The mean hidden states (B, width, d) that route a forward's last `width` positions, and the state to continue
-    from: the running means (`running_means` of `hidden` (B, T, d)), or with `hidden` None (a held routing, `update:
-    false`) the mean of `state` (the cache's first forward) at every position, the state left as it is."""
-    if hidden is None:
-        sums, counts = state
-        return (sums / counts.clamp(min=1.0)).unsqueeze(1).expand(-1, width, -1), state  # (B, width, d)
-    means, state = running_means(hidden, mask, state)  # (B, T, d)
-    return means[:, -width:], state
+def running_peaks(scores: torch.Tensor, mask: torch.Tensor | None, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each detector's maximum score over each row's tokens so far at every new position, and the state to continue from.
+
+    Args:
+        scores: (B, T, k) the new positions' detector scores z.
+        mask: (B, T) 1 on real tokens, 0 on padding (None: all real).
+        state: the previous positions' maxima (B, k), None at a row's start.
+    """
+    scores, length = scores.float(), scores.shape[1]
+    if mask is not None:  # padding never raises a maximum (a row of padding only so far: -inf, no evidence)
+        scores = scores.masked_fill(~mask.to(scores.device, torch.bool).unsqueeze(-1), float("-inf"))
+    if state is not None:
+        scores = torch.cat([state.unsqueeze(1), scores], dim=1)  # (B, 1 + T, k)
+    peaks = torch.cummax(scores, dim=1).values[:, -length:]  # (B, T, k)
+    return peaks, peaks[:, -1]
+
+
+def _held(state: RouteState) -> torch.Tensor:
+    """What a held routing routes by: the mean hidden state (B, d) or the detectors' maxima (B, k) of the state."""
+    if isinstance(state, torch.Tensor):
+        return state
+    sums, counts = state
+    return sums / counts.clamp(min=1.0)
 
 
 def last_hidden(output) -> torch.Tensor:
@@ -168,9 +218,17 @@ def prompt_means(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) 
     return torch.cat(out)
 
 
-def expert_prompt_means(model, tokenizer, prompts: dict[str, list[str]], batch_size: int = 8) -> dict[str, torch.Tensor]:
-    """Expert name -> `prompt_means` (n, d) of its prompts."""
-    return {name: prompt_means(model, tokenizer, texts, batch_size) for name, texts in prompts.items()}
+def prompt_tokens(model, tokenizer, prompts: Iterable[str], batch_size: int = 8) -> list[torch.Tensor]:
+    """Each prompt's last hidden states over its tokens (T_i, d) fp32, from `model`, batched by `prompt_hidden`."""
+    return [h[m.bool()].float() for hidden, mask in prompt_hidden(model, tokenizer, prompts, batch_size) for h, m in zip(hidden, mask)]
+
+
+def expert_prompt_states(model, tokenizer, prompts: dict[str, list[str]], batch_size: int = 8,
+                         pool: str = "mean") -> dict[str, torch.Tensor | list[torch.Tensor]]:
+    """Expert name -> what `routing_config` fits its routing on: `prompt_means` (n, d) of its prompts, or with
+    `pool` "max" their `prompt_tokens` (a list of (T_i, d))."""
+    states = prompt_tokens if pool == "max" else prompt_means
+    return {name: states(model, tokenizer, texts, batch_size) for name, texts in prompts.items()}
 
 
 def discriminants(means: dict[str, torch.Tensor], shrinkage: float = 1.0) -> dict[str, dict]:
@@ -200,29 +258,62 @@ def discriminants(means: dict[str, torch.Tensor], shrinkage: float = 1.0) -> dic
     return out
 
 
-def routing_config(means: dict[str, torch.Tensor], tau: float = 0.1, threshold: float = 0.0, score: str = "cosine",
-                   shrinkage: float = 1.0, gates: str = "scaled", update: bool = True) -> dict:
-    """`CompositionConfig.routing` from each expert's prompt means (n_i, d): centroids, τ, θ, the gates' kind
-    (ROUTING_GATES), whether decoding updates them, and with score "discriminant" the detectors (`discriminants`)."""
+def peak_detectors(tokens: dict[str, list[torch.Tensor]], shrinkage: float = 1.0) -> dict[str, dict]:
+    """Expert name -> {"direction", "offset"} of the token-level detectors of `pool: max` from each expert's
+    prompts' token states (a list of (T_i, d)): `discriminants` of every token, rescaled so that a prompt's
+    maximum score is 1 on average over the expert's own prompts and 0 over the other experts' (a positive affine
+    map commutes with the maximum, so the rescaled detector is still one direction and one offset).
+
+    Raises:
+        ValueError: an expert whose prompts' maxima score no higher than the other experts'.
+    """
+    detectors = discriminants({n: torch.cat(ts) for n, ts in tokens.items()}, shrinkage)
+    if len(tokens) == 1:
+        return detectors
+    centre = torch.stack([torch.cat(ts).double().mean(0) for ts in tokens.values()]).mean(0)  # (d,)
+    out = {}
+    for name, detector in detectors.items():
+        v, o = torch.tensor(detector["direction"], dtype=torch.float64), detector["offset"]  # (d,), a number
+        peaks = {m: torch.stack([((t.double() - centre) @ v - o).max() for t in ts]) for m, ts in tokens.items()}  # (n_m,)
+        own, other = peaks[name].mean(), torch.cat([p for m, p in peaks.items() if m != name]).mean()
+        if not own > other:
+            raise ValueError(f"routing: expert {name!r}'s prompts' maxima score no higher than the other experts' ({own:.3g} <= {other:.3g})")
+        out[name] = {"direction": (v / (own - other)).tolist(), "offset": float((o + other) / (own - other))}
+    return out
+
+
+def routing_config(states: dict[str, torch.Tensor | list[torch.Tensor]], tau: float = 0.1, threshold: float = 0.0,
+                   score: str = "cosine", shrinkage: float = 1.0, gates: str = "scaled", update: bool = True,
+                   pool: str = "mean") -> dict:
+    """`CompositionConfig.routing` from each expert's prompts (`expert_prompt_states`: their means (n_i, d), or with
+    `pool` "max" their token states): centroids, τ, θ, the gates' kind (ROUTING_GATES), whether decoding updates
+    them, the pooling, and with score "discriminant" the detectors (`discriminants`, `peak_detectors` with max)."""
     if score not in ROUTING_SCORES:
         raise ValueError(f"routing score: expected one of {list(ROUTING_SCORES)}, got {score!r}")
-    routing = {"centroids": {n: m.mean(0).tolist() for n, m in means.items()}, "tau": tau, "threshold": threshold,
-               "gates": gates, "update": update}
-    return routing | ({"detectors": discriminants(means, shrinkage)} if score == "discriminant" else {})
+    if pool not in ROUTING_POOLS or (pool == "max" and score != "discriminant"):
+        raise ValueError(f"routing pool: expected one of {list(ROUTING_POOLS)} (max with score discriminant), got {pool!r}")
+    flat = {n: torch.cat(m) if pool == "max" else m for n, m in states.items()}  # (N_i, d): prompts' means or tokens
+    routing = {"centroids": {n: m.mean(0).tolist() for n, m in flat.items()}, "tau": tau, "threshold": threshold,
+               "gates": gates, "update": update, "pool": pool}
+    if score == "cosine":
+        return routing
+    return routing | {"detectors": peak_detectors(states, shrinkage) if pool == "max" else discriminants(states, shrinkage)}
 
 
 def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float = 0.1, threshold: float = 0.0,
                 batch_size: int = 8, score: str = "cosine", shrinkage: float = 1.0, gates: str = "scaled",
-                update: bool = True) -> None:
+                update: bool = True, pool: str = "mean") -> None:
     """Route `composed` (a `ComposedModelForCausalLM`) by the hidden states of these prompts (expert name ->
     prompts of its skill, every composed expert), computed by its base with the adapters disabled: cosine
-    posteriors of centroids, or (score "discriminant") per-expert detectors, with `gates` "scaled" or "binary"
-    (a kept expert at its full weight), and `update` False to hold the prompt's gates while decoding; sets its
-    `composition.routing` (saved with it by `save_pretrained`)."""
+    posteriors of centroids, or (score "discriminant") per-expert detectors of the prompts' mean or (`pool`
+    "max") of their tokens, with `gates` "scaled" or "binary" (a kept expert at its full weight), and `update`
+    False to hold the prompt's gates while decoding; sets its `composition.routing` (saved with it by
+    `save_pretrained`)."""
     from contextlib import nullcontext
 
     from peft import PeftModel
 
     with composed.model.disable_adapter() if isinstance(composed.model, PeftModel) else nullcontext():
-        means = expert_prompt_means(composed._hf_model, tokenizer, prompts, batch_size)
-    composed.composition = composed.composition.with_routing(routing_config(means, tau, threshold, score, shrinkage, gates, update))
+        states = expert_prompt_states(composed._hf_model, tokenizer, prompts, batch_size, pool)
+    composed.composition = composed.composition.with_routing(
+        routing_config(states, tau, threshold, score, shrinkage, gates, update, pool))

@@ -34,7 +34,7 @@ class ModelPool:
                                    recipe.trust_remote_code)
         self.lora = [n for n, p in paths.experts.items() if expert_kind(n, p) == "lora"]  # LoRA experts by name
         self._base = self._peft = None
-        self._prompt_means = {}  # (prompt files, limit) -> each expert's routing prompts' mean hidden states
+        self._prompt_states = {}  # (prompt files, limit, pool) -> each expert's routing prompts' hidden states
 
     def base(self):
         """The base model (loaded at the first call)."""
@@ -57,21 +57,22 @@ class ModelPool:
         check_same_vocabulary(name, self.paths.experts[name], self.paths.base, model, self.base())
         return model
 
-    def prompt_means(self, files: dict[str, Path], limit: int) -> dict:
-        """Expert -> the mean hidden states (n, d) of the first `limit` prompts of its JSONL file under the base
-        (`logitcomp.routing.prompt_means`), computed once per run for each set of files."""
+    def prompt_states(self, files: dict[str, Path], limit: int, pool: str = "mean") -> dict:
+        """Expert -> what its routing is fitted on (`logitcomp.routing.expert_prompt_states`: the first `limit`
+        prompts of its JSONL file under the base, their mean hidden states or with `pool` "max" their tokens'),
+        computed once per run for each set of files."""
         from transformers import AutoTokenizer
 
-        from logitcomp.routing import expert_prompt_means
+        from logitcomp.routing import expert_prompt_states
 
-        key = (tuple(sorted((n, str(p)) for n, p in files.items())), limit)
-        if key not in self._prompt_means:
+        key = (tuple(sorted((n, str(p)) for n, p in files.items())), limit, pool)
+        if key not in self._prompt_states:
             prompts = {n: read_prompts(f"route.prompts.{n}", Path(p), limit) for n, p in files.items()}
             tokenizer = AutoTokenizer.from_pretrained(self.paths.base, trust_remote_code=self.recipe.trust_remote_code)
             peft = self._peft
             with peft.disable_adapter() if peft is not None else contextlib.nullcontext():
-                self._prompt_means[key] = expert_prompt_means(self.base(), tokenizer, prompts, self.recipe.evaluate.batch_size)
-        return self._prompt_means[key]
+                self._prompt_states[key] = expert_prompt_states(self.base(), tokenizer, prompts, self.recipe.evaluate.batch_size, pool)
+        return self._prompt_states[key]
 
     def load(self, label: str, path: Path):
         """A model folder loaded with the run's dtype, device and opt-ins (`label` names it in errors)."""

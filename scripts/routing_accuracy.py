@@ -13,11 +13,10 @@ threshold θ) are exactly the task's experts (`a+b`: both kept, no other). Print
 
 `--evidence` (with `--score discriminant`) prints instead each expert's detector score z_i (before the clamp
 at 0; 1 on average over its own training prompts, 0 over the other experts') on each task's prompts: mean
-[min, max], what decides which experts a threshold can keep. Probes of other evidence (routing itself pools by
-the mean; both with `--score discriminant`): `--pool last` reads the hidden state of the prompt's last token
-instead of the mean over its tokens; `--pool max` fits the detectors on every token's hidden state of the experts'
-prompts (each token labelled with its prompt's expert), scores a prompt by each detector's maximum over its
-tokens, and rescales that maximum to 1 on average over the expert's own prompts and 0 over the other experts'.
+[min, max], what decides which experts a threshold can keep. `--pool` (with `--score discriminant`): `mean`
+(the default) and `max` are routing's own poolings (`route: {pool: max}`: token-level detectors, each one's
+maximum over the prompt's tokens, `logitcomp.routing.peak_detectors`); `last` probes the hidden state of the
+prompt's last token instead of the mean over its tokens.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp.config import ROUTING_SCORES
-from logitcomp.routing import Router, expert_prompt_means, prompt_hidden, prompt_means, routing_config, threshold_gates
+from logitcomp.routing import Router, expert_prompt_states, prompt_means, prompt_tokens, routing_config, threshold_gates
 from merging.pool import read_prompts
 
 TASKS = Path(__file__).resolve().parents[1] / "recipes" / "tasks"
@@ -45,11 +44,6 @@ def task_prompts(task: str) -> list[str]:
     return [t.doc_to_text(d) for d in docs]
 
 
-def prompt_tokens(model, tokenizer, prompts: list[str], batch_size: int = 8) -> list[torch.Tensor]:
-    """Each prompt's last hidden states (T_i, d) fp32 over its tokens (`prompt_hidden`'s batches, padding cut)."""
-    return [h[m.bool()].float() for hidden, mask in prompt_hidden(model, tokenizer, prompts, batch_size) for h, m in zip(hidden, mask)]
-
-
 def pooled_scores(train: dict[str, list[torch.Tensor]], tasks: dict[str, list[torch.Tensor]], pool: str,
                   shrinkage: float) -> dict[str, torch.Tensor]:
     """Task -> the detectors' scores z (n, k) of its prompts, from each prompt's token states (T_i, d) pooled
@@ -60,13 +54,8 @@ def pooled_scores(train: dict[str, list[torch.Tensor]], tasks: dict[str, list[to
         feats = {e: torch.stack([reduce(h) for h in hs]) for e, hs in train.items()}  # (n_e, d)
         router = Router.from_config(routing_config(feats, score="discriminant", shrinkage=shrinkage), experts)
         return {t: router.scores(torch.stack([reduce(h) for h in hs])) for t, hs in tasks.items()}
-    router = Router.from_config(routing_config({e: torch.cat(hs) for e, hs in train.items()}, score="discriminant",
-                                               shrinkage=shrinkage), experts)
-    peak = lambda hs: torch.stack([router.scores(h).amax(0) for h in hs])  # noqa: E731  (n, k): each detector's max over tokens
-    own = {e: peak(hs) for e, hs in train.items()}
-    scale = torch.tensor([own[e][:, i].mean() for i, e in enumerate(experts)])  # (k,)
-    offset = torch.tensor([torch.cat([own[o][:, i] for o in experts if o != e]).mean() for i, e in enumerate(experts)])  # (k,)
-    return {t: (peak(hs) - offset) / (scale - offset) for t, hs in tasks.items()}
+    router = Router.from_config(routing_config(train, score="discriminant", shrinkage=shrinkage, pool="max"), experts)
+    return {t: torch.stack([router.scores(h).amax(0) for h in hs]) for t, hs in tasks.items()}  # (n, k): each detector's max
 
 
 def print_evidence(scores: dict[float, dict[str, torch.Tensor]], experts: list[str]) -> None:
@@ -99,7 +88,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threshold", type=float, nargs="+", default=[0.3], help="θ: gates below θ · the top one's are 0")
     parser.add_argument("--evidence", action="store_true", help="print the detectors' scores z per task (--score discriminant)")
     parser.add_argument("--pool", choices=("mean", "last", "max"), default="mean",
-                        help="a prompt's mean hidden state, its last token's, or token-level detectors' maximum (probes)")
+                        help="a prompt's mean hidden state, its last token's (a probe), or token-level detectors' maximum")
     args = parser.parse_args(argv)
     if (args.evidence or args.pool != "mean") and args.score != "discriminant":
         parser.error("--evidence and --pool last/max: the detectors' scores need --score discriminant")
@@ -110,7 +99,7 @@ def main(argv=None) -> None:
     prompts = {e: read_prompts(f"experts.{e}", args.world / "experts" / e / "prompts.jsonl", 200) for e in experts}
     with torch.no_grad():
         if args.score == "cosine":
-            train = expert_prompt_means(base, tok, prompts)
+            train = expert_prompt_states(base, tok, prompts)
             means = {task: prompt_means(base, tok, task_prompts(task)) for task, _ in tasks}
         else:
             states = {e: prompt_tokens(base, tok, p) for e, p in prompts.items()}

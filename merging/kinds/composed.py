@@ -6,8 +6,9 @@ With `route:` its experts' weights are gated per position by hidden-state routin
 each expert's centroid from prompts of its skill, by default the `prompts.jsonl` its trainer left in its
 folder (one JSON object with a "prompt" string per line; the first `limit` are read); `score:
 discriminant` detects each expert on its own (`shrinkage` λ of the covariance) instead of the cosine
-posteriors; `gates: binary` composes the kept experts at their full weights; `update: false` holds the
-prompt's gates while decoding; it then also sweeps `tau`, `threshold` or `shrinkage`.
+posteriors; `pool: max` (with `score: discriminant`) detects each expert on single tokens, keeping each
+detector's maximum over the tokens so far; `gates: binary` composes the kept experts at their full weights;
+`update: false` holds the prompt's gates while decoding; it then also sweeps `tau`, `threshold` or `shrinkage`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from logitcomp.config import ROUTING_GATES, ROUTING_SCORES, CompositionConfig
+from logitcomp.config import ROUTING_GATES, ROUTING_POOLS, ROUTING_SCORES, CompositionConfig
 from logitcomp.rules import get_rule
 
 from ..errors import not_a_number
@@ -51,6 +52,7 @@ class RouteOptions(Options):
     shrinkage: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False)  # λ of the discriminant's covariance
     gates: Literal[ROUTING_GATES] = "scaled"  # a kept expert's gate: its evidence over the top one's, or 1
     update: bool = True  # false: decoding holds the gates of the prompt
+    pool: Literal[ROUTING_POOLS] = "mean"  # the detectors read the mean hidden state so far, or each token (their maximum)
     limit: int = Field(default=200, ge=1)
 
 
@@ -88,6 +90,8 @@ class ComposedKind(Kind):
             else:
                 options["rule_params"] = {**options["rule_params"], key: value}
         if route:
+            if route["pool"] == "max" and route["score"] != "discriminant":
+                raise ValueError("route.pool: max needs score: discriminant (token-level detectors), got score: cosine")
             unknown = sorted(set(route["prompts"]) - set(row.experts))
             if unknown:
                 raise ValueError(f"route.prompts: {unknown[0]!r} is not an expert of this row; its experts are {list(row.experts)}")
@@ -113,9 +117,9 @@ class ComposedKind(Kind):
         config = row.config
         if row.parameters.get("route"):
             route = row.parameters["route"]
-            means = pool.prompt_means(_prompt_files(row, pool.paths), route["limit"])
-            config = config.with_routing(routing_config(means, route["tau"], route["threshold"], route["score"],
-                                                        route["shrinkage"], route["gates"], route["update"]))
+            states = pool.prompt_states(_prompt_files(row, pool.paths), route["limit"], route["pool"])
+            config = config.with_routing(routing_config(states, route["tau"], route["threshold"], route["score"],
+                                                        route["shrinkage"], route["gates"], route["update"], route["pool"]))
         yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(row.experts), full, config, sources)
 
 

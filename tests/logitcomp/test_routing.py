@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp import ComposedModelForCausalLM, CompositionConfig, compose_logprobs, fit_routing
 from logitcomp.ops import Composer, apply_eos_policy
-from logitcomp.routing import Router, discriminants, routing_config, running_means
+from logitcomp.routing import Router, discriminants, routing_config, running_means, running_peaks
 from reference import merged_expert, row_logprobs
 
 V = 11
@@ -112,6 +112,103 @@ def test_discriminant_reductions_equal_evidence_one_expert_and_none():
         discriminants({"a": torch.tensor([[0.0, 1.0], [0.0, -1.0]]), "b": torch.tensor([[0.0, 1.0], [0.0, -1.0]])})
 
 
+def _hand_peak_detectors(tokens: dict, shrinkage: float):
+    """(v (k, d), o (k,)) of `pool: max`: `_hand_detectors` of every token, then rescaled so that a prompt's
+    maximum score over its tokens is 1 on average over the expert's prompts and 0 over the others', one prompt
+    and one token at a time."""
+    v, o = _hand_detectors({n: torch.cat(ts) for n, ts in tokens.items()}, shrinkage)
+    centre = torch.stack([torch.cat(ts).double().mean(0) for ts in tokens.values()]).mean(0)
+    names, vs, os = list(tokens), [], []
+    for i, n in enumerate(names):
+        peak = lambda t: max(float(torch.dot(h - centre, v[i]) - o[i]) for h in t.double())  # noqa: E731
+        own = sum(map(peak, tokens[n])) / len(tokens[n])
+        others = [peak(t) for m in names if m != n for t in tokens[m]]
+        other = sum(others) / len(others)
+        vs.append(v[i] / (own - other))
+        os.append((o[i] + other) / (own - other))
+    return torch.stack(vs), torch.stack(os)
+
+
+def _hand_peak_gates(hidden, centroids, detectors, threshold):
+    """g at each position t of one row's hidden states (T, d): the module's gates of z_i,t = max_{s ≤ t} (h_s − μ)·v_i − o_i;
+    and the positions (T,) whose gates float rounding decides: no evidence above 1e-6 while some z_i,t is within 1e-6
+    of 0, or an evidence within 1e-6 of θ · the top one (the first token, BOS, is the same in every prompt: where
+    it is the maximum of the other experts' prompts, the rescaled detector puts it at 0 exactly)."""
+    centre = (sum(centroids) / len(centroids)).double()
+    v, o = detectors[0].double(), detectors[1].double()
+    out, ties, peak = [], [], None
+    for h in hidden.double():
+        z = torch.stack([torch.dot(h - centre, v[i]) - o[i] for i in range(len(o))])
+        peak = z if peak is None else torch.maximum(peak, z)
+        e = peak.clamp(min=0)
+        out.append(torch.where((e >= threshold * e.max()) & (e.max() > 0), e / e.max(), torch.zeros_like(e)))
+        ties.append(bool((e.max() < 1e-6 and (peak.abs() < 1e-6).any()) or ((e - threshold * e.max()).abs() < 1e-6).any()))
+    return torch.stack(out), torch.tensor(ties)
+
+
+def _random_tokens(seed):
+    """Expert -> token states of its prompts (a list of (T_i, 5)), each expert's prompts with one token that shows it."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for i, n in enumerate("abc"):
+        prompts = []
+        for j in range(5 + i):
+            t = torch.randn(3 + j % 4, 5, generator=gen).double()
+            t[j % len(t)] += 3 * torch.eye(5, dtype=torch.float64)[i]
+            prompts.append(t)
+        out[n] = prompts
+    return out
+
+
+def test_peak_detectors_are_the_documented_formula_and_a_prompts_maximum_scores_one_on_own_prompts_zero_on_the_others():
+    tokens = _random_tokens(3)
+    for shrinkage in (0.1, 1.0):
+        routing = routing_config(tokens, threshold=0.5, score="discriminant", shrinkage=shrinkage, pool="max")
+        assert routing["pool"] == "max"
+        _close(torch.tensor(routing["centroids"]["b"]), torch.cat(tokens["b"]).mean(0), tol=1e-6)  # the tokens' mean
+        v, o = _hand_peak_detectors(tokens, shrinkage)
+        _close(torch.tensor([routing["detectors"][n]["direction"] for n in "abc"], dtype=torch.float64), v, tol=1e-9)
+        _close(torch.tensor([routing["detectors"][n]["offset"] for n in "abc"], dtype=torch.float64), o, tol=1e-9)
+        router = Router.from_config(routing, list("abc"), dtype=torch.float64)
+        for i, n in enumerate("abc"):
+            own = torch.stack([router.scores(t)[:, i].max() for t in tokens[n]])
+            other = torch.stack([router.scores(t)[:, i].max() for m in "abc" if m != n for t in tokens[m]])
+            assert abs(own.mean() - 1) < 1e-9 and abs(other.mean()) < 1e-9
+    with pytest.raises(ValueError, match=r"routing pool: expected one of \['mean', 'max'\] \(max with score discriminant\), got 'max'"):
+        routing_config(tokens, pool="max")  # cosine posteriors have no token-level form
+    single = routing_config({"a": tokens["a"]}, score="discriminant", pool="max")
+    assert single["detectors"]["a"]["offset"] == -1.0  # one expert: always detected
+
+
+def test_running_peaks_leave_out_padding_continue_from_a_state_and_hold_the_prompts():
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(2, 5, 3, generator=gen)
+    scores[0, :2] = 100.0  # on padding: must not count
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    peaks, state = running_peaks(scores, mask, None)
+    for t in range(5):
+        _close(peaks[1, t], scores[1, :t + 1].amax(0))
+        if t >= 2:
+            _close(peaks[0, t], scores[0, 2:t + 1].amax(0))
+    assert torch.isinf(peaks[0, :2]).all() and torch.equal(state, peaks[:, -1])
+    head, mid = running_peaks(scores[:, :2], mask[:, :2], None)
+    tail, _ = running_peaks(scores[:, 2:], mask[:, 2:], mid)
+    assert torch.equal(torch.cat([head, tail], 1), peaks)
+    # a router's step: the gates of the running maxima, or (held) of the state at every position
+    v, o = torch.randn(3, 4, generator=gen), torch.randn(3, generator=gen)
+    router = Router(torch.randn(3, 4, generator=gen), 0.1, 0.4, (v, o), pool="max")
+    hidden = torch.randn(2, 5, 4, generator=gen)
+    gates, state = router.step_gates(hidden, mask, None, 5)
+    for row, start in ((0, 2), (1, 0)):
+        hand, ties = _hand_peak_gates(hidden[row, start:], [router.centre], (v, o), 0.4)
+        assert not ties.any()
+        _close(gates[row, start:], hand, tol=1e-5)
+    held, same = router.step_gates(None, None, state, 3)
+    assert same is state and torch.equal(held, gates[:, -1:].expand(-1, 3, -1))
+    with pytest.raises(ValueError, match=r"routing\.pool: expected one of \['mean', 'max'\] \(max with detectors\), got 'max'"):
+        Router(torch.randn(3, 4), 0.1, 0.4, pool="max")
+
+
 def test_running_means_leave_out_padding_and_continue_from_a_state():
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(2, 5, 3, generator=gen).double()
@@ -165,13 +262,15 @@ def test_top_eos_policy_scores_eos_by_the_expert_of_the_largest_weight():
 
 def test_routing_is_validated_by_key_and_expert():
     good = {"centroids": {"a": [1.0, 0.0], "b": [0.0, 1.0]}}
-    assert CompositionConfig(routing=good).routing == {**good, "tau": 0.1, "threshold": 0.0, "gates": "scaled", "update": True}
+    assert CompositionConfig(routing=good).routing == {**good, "tau": 0.1, "threshold": 0.0, "gates": "scaled", "update": True, "pool": "mean"}
     for routing, message in (({"centroids": {"a": [1.0], "b": [1.0, 2.0]}}, r"routing\.centroids\['b'\]: 2 numbers, the other centroids 1"),
                              ({**good, "tau": 0}, r"routing\.tau: expected a number in \(0, 100\]"),
                              ({**good, "threshold": 2}, r"routing\.threshold: expected a number in \[0, 1\]"),
                              ({**good, "temperature": 1}, r"routing: unknown key 'temperature'"),
                              ({**good, "gates": "hard"}, r"routing\.gates: expected one of \['scaled', 'binary'\], got 'hard'"),
                              ({**good, "update": "no"}, r"routing\.update: expected true or false, got 'no'"),
+                             ({**good, "pool": "last"}, r"routing\.pool: expected one of \['mean', 'max'\] \(max only with detectors\), got 'last'"),
+                             ({**good, "pool": "max"}, r"routing\.pool: expected one of \['mean', 'max'\] \(max only with detectors\), got 'max'"),
                              ({"centroids": {"a": [float("nan")]}}, r"routing\.centroids\['a'\]: expected a non-empty list of finite numbers"),
                              ({**good, "detectors": {"a": {"direction": [1.0, 0.0], "offset": 0.0}}},
                               r"routing\.detectors: expected one detector per expert of the centroids \['a', 'b'\]"),
@@ -208,8 +307,11 @@ def _hand_centroid(base, tok, prompts):
 
 
 def _routed(tiny, tok, score="cosine", tau=0.05, threshold=0.2):
+    """The tiny world's routed composition; `score` "max": the discriminant detectors with `pool: max`."""
     composed = ComposedModelForCausalLM.from_experts(tiny.base, {n: tiny.adapters[n] for n in ("a", "b")}, {"a": 1.0, "b": 0.8})
-    fit_routing(composed, tok, ROUTE_PROMPTS, tau=tau, threshold=threshold, batch_size=2, score=score, shrinkage=0.5)
+    pool = "max" if score == "max" else "mean"
+    fit_routing(composed, tok, ROUTE_PROMPTS, tau=tau, threshold=threshold, batch_size=2, score="cosine" if score == "cosine" else "discriminant",
+                shrinkage=0.5, pool=pool)
     return composed
 
 
@@ -224,34 +326,45 @@ def _hand_discriminant_gates(means, centroids, detectors, threshold):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("score", ["cosine", "discriminant"])
+@pytest.mark.parametrize("score", ["cosine", "discriminant", "max"])
 def test_routed_forward_matches_separate_models_with_hand_gates(tiny, world, score):
     tok, base, experts = world
     composed = _routed(tiny, tok, score)
-    centroids = [_hand_centroid(base, tok, ROUTE_PROMPTS[n]) for n in ("a", "b")]
+    hand_tokens = {n: [_base_hidden(base, tok(p)["input_ids"]) for p in ROUTE_PROMPTS[n]] for n in ("a", "b")}
+    if score == "max":  # the centroids: each expert's tokens' mean
+        centroids = [torch.cat(hand_tokens[n]).mean(0) for n in ("a", "b")]
+        detectors = _hand_peak_detectors(hand_tokens, 0.5)
+    else:
+        centroids = [_hand_centroid(base, tok, ROUTE_PROMPTS[n]) for n in ("a", "b")]
+        detectors = _hand_detectors({n: torch.stack([t.mean(0) for t in hand_tokens[n]]) for n in ("a", "b")}, 0.5)
     _close(torch.tensor(composed.composition.routing["centroids"]["a"]), centroids[0], tol=1e-5)
-    hand_means = {n: torch.stack([_base_hidden(base, tok(p)["input_ids"]).mean(0) for p in ROUTE_PROMPTS[n]]) for n in ("a", "b")}
-    detectors = _hand_detectors(hand_means, 0.5)
     batch = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
     with torch.no_grad():
         out = composed(**batch, output_trace=True)
-    worst, seen = 0.0, set()
+    worst, seen, checked = 0.0, set(), 0
     for row, mask in enumerate(batch.attention_mask):
         ids = batch.input_ids[row][mask.bool()].tolist()
         hidden = _base_hidden(base, ids)
         means = hidden.cumsum(0) / torch.arange(1, len(ids) + 1).unsqueeze(-1)  # (T, d)
-        gates = _hand_gates(means, centroids, 0.05, 0.2) if score == "cosine" else _hand_discriminant_gates(means, centroids, detectors, 0.2)  # (T, 2)
+        clear = torch.ones(len(ids), dtype=torch.bool)  # positions whose gates no float tie decides
+        if score == "max":
+            gates, ties = _hand_peak_gates(hidden, centroids, detectors, 0.2)  # (T, 2), (T,)
+            clear = ~ties
+        else:
+            gates = _hand_gates(means, centroids, 0.05, 0.2) if score == "cosine" else _hand_discriminant_gates(means, centroids, detectors, 0.2)
         lb = row_logprobs(base, ids)
         total = lb + sum(w * gates[:, i:i + 1] * (row_logprobs(experts[n], ids) - lb) for i, (n, w) in enumerate((("a", 1.0), ("b", 0.8))))
         want = torch.log_softmax(total, -1)
-        worst = max(worst, (out.logits[row, -len(ids):].double() - want).abs().max().item())
-        _close(out.trace.gates[row, -len(ids):], gates, tol=1e-4)
+        worst = max(worst, (out.logits[row, -len(ids):][clear].double() - want[clear]).abs().max().item())
+        _close(out.trace.gates[row, -len(ids):][clear], gates[clear], tol=1e-4)
         seen.add(int(gates[-1].argmax()))
+        checked += int(clear.sum())
     assert worst <= 1e-4, f"max abs diff {worst:.2e}"
+    assert checked >= 0.8 * batch.attention_mask.sum(), f"only {checked} positions clear of ties"
     assert seen == {0, 1}, "the prompts were meant to route to both experts"
 
 
-@pytest.mark.parametrize("score", ["cosine", "discriminant"])
+@pytest.mark.parametrize("score", ["cosine", "discriminant", "max"])
 def test_routed_decoding_and_chunked_scoring_give_the_one_forward_numbers(tiny, world, tmp_path, score):
     tok, _, _ = world
     composed = _routed(tiny, tok, score)
@@ -263,26 +376,35 @@ def test_routed_decoding_and_chunked_scoring_give_the_one_forward_numbers(tiny, 
         whole = composed(out.sequences, attention_mask=mask).logits  # (B, T + 6, V)
     steps = torch.stack(out.logits, 1)  # (B, 6, V): the composed log-probs of each decoding step
     _close(steps, whole[:, -7:-1], tol=1e-4)
+    clear = torch.ones(mask.shape, dtype=torch.bool)  # (B, T + 6): positions whose gates no float tie decides
+    if score == "max":  # the first token (BOS) scores 0 exactly on detector a in the tiny world (`_hand_peak_gates`)
+        clear = mask.cumsum(1) > 1
     composed.scoring_budget = 2 * 3 * len(PROMPTS) * whole.shape[-1]  # two positions per forward
     with torch.no_grad():
-        _close(composed(out.sequences, attention_mask=mask).logits, whole, tol=1e-4)
+        _close(composed(out.sequences, attention_mask=mask).logits[clear], whole[clear], tol=1e-4)
     composed.save_pretrained(tmp_path / "routed")
     saved = json.loads((tmp_path / "routed" / "composition.json").read_text())["composition"]["routing"]
-    assert saved["tau"] == 0.05 and ("detectors" in saved) == (score == "discriminant")
+    assert saved["tau"] == 0.05 and ("detectors" in saved) == (score != "cosine") and saved["pool"] == ("max" if score == "max" else "mean")
     again = ComposedModelForCausalLM.from_pretrained(tmp_path / "routed")
     with torch.no_grad():
         _close(again(out.sequences, attention_mask=mask).logits, whole, tol=1e-5)
 
 
-def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world):
-    """`update: false`: every decoding step composes with the gates of the prompt's mean hidden state, computed
-    by hand from separately loaded models; scoring the finished sequence in one forward still routes by prefix."""
+@pytest.mark.parametrize("pool", ["mean", "max"])
+def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world, pool):
+    """`update: false`: every decoding step composes with the gates of the prompt's mean hidden state (`pool: max`:
+    each detector's maximum over the prompt's tokens), computed by hand from separately loaded models; scoring the
+    finished sequence in one forward still routes by prefix."""
     tok, base, experts = world
-    composed = _routed(tiny, tok, "discriminant")
+    composed = _routed(tiny, tok, "max" if pool == "max" else "discriminant")
     composed.composition = composed.composition.with_routing({**composed.composition.routing, "update": False})
-    centroids = [_hand_centroid(base, tok, ROUTE_PROMPTS[n]) for n in ("a", "b")]
-    hand_means = {n: torch.stack([_base_hidden(base, tok(p)["input_ids"]).mean(0) for p in ROUTE_PROMPTS[n]]) for n in ("a", "b")}
-    detectors = _hand_detectors(hand_means, 0.5)
+    hand_tokens = {n: [_base_hidden(base, tok(p)["input_ids"]) for p in ROUTE_PROMPTS[n]] for n in ("a", "b")}
+    if pool == "max":
+        centroids = [torch.cat(hand_tokens[n]).mean(0) for n in ("a", "b")]
+        detectors = _hand_peak_detectors(hand_tokens, 0.5)
+    else:
+        centroids = [_hand_centroid(base, tok, ROUTE_PROMPTS[n]) for n in ("a", "b")]
+        detectors = _hand_detectors({n: torch.stack([t.mean(0) for t in hand_tokens[n]]) for n in ("a", "b")}, 0.5)
     batch = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
     new = 4
     out = composed.generate(**batch, max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True,
@@ -291,7 +413,13 @@ def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world):
     for row, mask in enumerate(batch.attention_mask):
         prompt = batch.input_ids[row][mask.bool()].tolist()
         ids = prompt + out.sequences[row, -new:].tolist()
-        gates = _hand_discriminant_gates(_base_hidden(base, prompt).mean(0, keepdim=True), centroids, detectors, 0.2)[0]  # (2,)
+        hidden = _base_hidden(base, prompt)  # (T, d)
+        if pool == "max":
+            peak, ties = _hand_peak_gates(hidden, centroids, detectors, 0.2)
+            gates = peak[-1]  # (2,): the prompt's maxima
+            assert not ties[-1]
+        else:
+            gates = _hand_discriminant_gates(hidden.mean(0, keepdim=True), centroids, detectors, 0.2)[0]  # (2,)
         lb = row_logprobs(base, ids)  # (T, V)
         total = lb + sum(w * gates[i] * (row_logprobs(experts[n], ids) - lb) for i, (n, w) in enumerate((("a", 1.0), ("b", 0.8))))
         _close(steps[row], torch.log_softmax(total, -1)[len(prompt) - 1:-1], tol=1e-4)

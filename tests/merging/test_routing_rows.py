@@ -35,7 +35,7 @@ def test_routed_rows_sweep_tau_and_threshold_and_the_oracle_takes_its_experts_ro
                                              {"name": "rt", "kind": "composed", "route": {"tau": 0.2}, "sweep": {"threshold": [0.0, 0.5]}},
                                              {"name": "o", "kind": "oracle", "tasks": {"val": "a", "test": "base"}}]))}
     assert rows["rt[threshold=0.5]"].parameters["route"] == {"prompts": {}, "tau": 0.2, "threshold": 0.5, "score": "cosine", "shrinkage": 1.0,
-                                                           "gates": "scaled", "update": True, "limit": 200}
+                                                           "gates": "scaled", "update": True, "pool": "mean", "limit": 200}
     assert rows["rt[threshold=0.5]"].config.routing is None  # centroids are computed when the row's model is built
     assert rows["o"].parameters == {"tasks": {"val": "a", "test": "base"}}
     from merging.kinds import KINDS
@@ -51,6 +51,8 @@ def test_routed_rows_sweep_tau_and_threshold_and_the_oracle_takes_its_experts_ro
     ([{"name": "c", "kind": "composed", "sweep": {"tau": [0.1]}}], r"sweeps lambda or a parameter of its rule product \(no parameters\), got 'tau'"),
     ([{"name": "c", "kind": "composed", "route": {"tau": 0.1}, "sweep": {"tau": [0.0]}}], r"tau"),
     ([{"name": "c", "kind": "composed", "route": {"score": "lda"}}], r"route\.score: Input should be 'cosine' or 'discriminant'"),
+    ([{"name": "c", "kind": "composed", "route": {"pool": "max"}}], r"route\.pool: max needs score: discriminant"),
+    ([{"name": "c", "kind": "composed", "route": {"pool": "last"}}], r"route\.pool: Input should be 'mean' or 'max'"),
     ([{"name": "c", "kind": "composed", "experts": ["a"], "route": {"prompts": {"b": "p.jsonl"}}}],
      r"route\.prompts: 'b' is not an expert of this row"),
 ])
@@ -77,6 +79,8 @@ def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tm
                             "sweep": {"tau": [0.05, 5.0]}},
                            {"name": "det", "kind": "composed", "route": {"prompts": {"a": "a_prompts.jsonl"}, "limit": 3, "threshold": 0.3,
                                                                           "score": "discriminant", "shrinkage": 0.5, "gates": "binary"}},
+                           {"name": "peak", "kind": "composed", "route": {"prompts": {"a": "a_prompts.jsonl"}, "limit": 3, "threshold": 0.3,
+                                                                           "score": "discriminant", "pool": "max", "update": False}},
                            {"name": "oracle", "kind": "oracle", "tasks": {"smol_text": "a", "toy_a2b_c2d": "b"}}],
               "output": "out"}
     path = tmp_path / "recipe.yaml"
@@ -93,6 +97,9 @@ def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tm
     composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"], "b": b})
     fit_routing(composed, tok, PROMPTS, threshold=0.3, score="discriminant", shrinkage=0.5, gates="binary")
     assert math.isclose(results["det"]["smol_text"]["bits_per_byte,none"], bits_per_byte(composed, tok), rel_tol=1e-5)
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"], "b": b})
+    fit_routing(composed, tok, PROMPTS, threshold=0.3, score="discriminant", pool="max", update=False)
+    assert math.isclose(results["peak"]["smol_text"]["bits_per_byte,none"], bits_per_byte(composed, tok), rel_tol=1e-5)
     assert "oracle" in (tmp_path / "out" / "report.md").read_text()
 
     (b / "prompts.jsonl").unlink()  # a default prompts file that is not there: refused before any model loads
