@@ -23,10 +23,11 @@ transformers computes it (`F.linear`), the before of logitcomp/head.py's layout.
 `--rule NAME` (repeatable) adds a `composed@NAME` setup per composition rule (default parameters),
 reported beside the product rule's `composed`.
 
-`--route SCORE` (repeatable: cosine, discriminant) adds a `composed~SCORE` setup: the product rule routed
-per position (logitcomp/routing.py) by random centroids (and detectors) that keep every expert's gate
-above 0, so each step pays for the routing (the base rows' hidden states, the running means, the gates,
-the gated composition) and composes every expert; reported beside the unrouted `composed`.
+`--route SCORE` (repeatable: cosine, discriminant, max) adds a `composed~SCORE` setup: the product rule routed
+per position (logitcomp/routing.py) by random centroids (and detectors; `max`: token-level detectors, `pool:
+max`) that keep every expert's gate above 0, so each step pays for the routing (the base rows' hidden states,
+the running means or maxima, the gates, the gated composition) and composes every expert; reported beside the
+unrouted `composed`.
 
 `--generate` measures the path users decode through instead: transformers' `generate` (greedy,
 `min_new_tokens` = `max_new_tokens`, so every row decodes the same number of steps), as lm-eval
@@ -75,7 +76,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
-    p.add_argument("--route", action="append", default=[], choices=ROUTING_SCORES,
+    p.add_argument("--route", action="append", default=[], choices=(*ROUTING_SCORES, "max"),
                    help="also time the composed model routed with this score (repeatable)")
     p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
     p.add_argument("--compile", action="store_true", help="with --generate: also time each setup with a static cache and the compiled step")
@@ -181,7 +182,7 @@ def decode_generate(model, args, compiled: bool) -> tuple[float, float]:
 
 def composition_of(setup: str, root: Path, args):
     """The CompositionConfig of composed, composed@RULE or composed~SCORE (the product rule routed by random
-    centroids, and for `discriminant` detectors that detect every expert: every gate above 0)."""
+    centroids, and for `discriminant` and `max` (token-level) detectors that detect every expert: every gate above 0)."""
     from transformers import AutoConfig
 
     from logitcomp import CompositionConfig
@@ -195,8 +196,9 @@ def composition_of(setup: str, root: Path, args):
     gen = torch.Generator().manual_seed(0)
     names = [f"e{i}" for i in range(args.k)]
     routing = {"centroids": {n: torch.randn(hidden, generator=gen).tolist() for n in names}, "tau": 1.0, "threshold": 0.0}
-    if score == "discriminant":  # z = 1 for every expert at every position
+    if score in ("discriminant", "max"):  # z = 1 for every expert at every position
         routing["detectors"] = {n: {"direction": [0.0] * hidden, "offset": -1.0} for n in names}
+        routing["pool"] = "max" if score == "max" else "mean"
     return config.with_routing(routing)
 
 
