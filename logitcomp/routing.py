@@ -128,9 +128,8 @@ class Router(torch.nn.Module):
         else:
             pooled, state = running_means(hidden, mask, state)  # (B, T, d)
         pooled = pooled[:, -width:]
-        if self.pool == "max":
-            return threshold_gates(pooled.clamp(min=0), self.threshold, self.binary), state
-        return self.gates(pooled), state
+        evidence = pooled.clamp(min=0) if self.pool == "max" else self.evidence(pooled)  # (B, width, k): maxima are z already
+        return threshold_gates(evidence, self.threshold, self.binary), state
 
 
 def threshold_gates(evidence: torch.Tensor, threshold: float, binary: bool = False) -> torch.Tensor:
@@ -267,18 +266,22 @@ def peak_detectors(tokens: dict[str, list[torch.Tensor]], shrinkage: float = 1.0
     Raises:
         ValueError: an expert whose prompts' maxima score no higher than the other experts'.
     """
-    detectors = discriminants({n: torch.cat(ts) for n, ts in tokens.items()}, shrinkage)
+    flat = {n: torch.cat(ts) for n, ts in tokens.items()}  # (N_n, d): every token of the expert's prompts
+    detectors = discriminants(flat, shrinkage)
     if len(tokens) == 1:
         return detectors
-    centre = torch.stack([torch.cat(ts).double().mean(0) for ts in tokens.values()]).mean(0)  # (d,)
+    names = list(tokens)
+    centre = torch.stack([flat[n].double().mean(0) for n in names]).mean(0)  # (d,)
+    v = torch.tensor([detectors[n]["direction"] for n in names], dtype=torch.float64)  # (k, d)
+    o = torch.tensor([detectors[n]["offset"] for n in names], dtype=torch.float64)  # (k,)
+    # each prompt's maximum score of every detector over its tokens: (n_m, k) per expert m
+    peaks = {m: torch.stack([((t.double() - centre) @ v.T - o).amax(0) for t in ts]) for m, ts in tokens.items()}
     out = {}
-    for name, detector in detectors.items():
-        v, o = torch.tensor(detector["direction"], dtype=torch.float64), detector["offset"]  # (d,), a number
-        peaks = {m: torch.stack([((t.double() - centre) @ v - o).max() for t in ts]) for m, ts in tokens.items()}  # (n_m,)
-        own, other = peaks[name].mean(), torch.cat([p for m, p in peaks.items() if m != name]).mean()
+    for i, name in enumerate(names):
+        own, other = peaks[name][:, i].mean(), torch.cat([p[:, i] for m, p in peaks.items() if m != name]).mean()
         if not own > other:
             raise ValueError(f"routing: expert {name!r}'s prompts' maxima score no higher than the other experts' ({own:.3g} <= {other:.3g})")
-        out[name] = {"direction": (v / (own - other)).tolist(), "offset": float((o + other) / (own - other))}
+        out[name] = {"direction": (v[i] / (own - other)).tolist(), "offset": float((o[i] + other) / (own - other))}
     return out
 
 

@@ -102,7 +102,7 @@ def main(argv=None) -> None:
             train = expert_prompt_states(base, tok, prompts)
             means = {task: prompt_means(base, tok, task_prompts(task)) for task, _ in tasks}
         else:
-            states = {e: prompt_tokens(base, tok, p) for e, p in prompts.items()}
+            states = expert_prompt_states(base, tok, prompts, pool="max")  # every token: each pooling below reads them
             task_states = {task: prompt_tokens(base, tok, task_prompts(task)) for task, _ in tasks}
             scores = {v: pooled_scores(states, task_states, args.pool, v) for v in args.shrinkage}
     if args.evidence:
