@@ -40,7 +40,8 @@ DOCS = 40
 
 
 # family -> its two experts; a family of two styles asks for both in the order of its task's prompt (smol_shout_xml)
-FAMILIES = {"math+shout": ("math", "shout"), "math+json": ("math", "json"), "math+xml": ("math", "xml"), "shout+xml": ("shout", "xml")}
+FAMILIES = {"math+shout": ("math", "shout"), "math+json": ("math", "json"), "math+xml": ("math", "xml"), "math+polite": ("math", "polite"),
+            "shout+xml": ("shout", "xml")}
 
 
 def reference_pairs(family: str) -> list[tuple[str, str]]:

@@ -93,7 +93,8 @@ def test_wrapped_scored_trains_a_formats_content_and_leaves_other_experts_alone(
     format's pairs (the same prompts and answers), and is a no-op for an expert without a format."""
     from merging.worlds.smol.train import EXPERT_DATA, WRAPPING, expert_pairs
 
-    assert WRAPPING == {n for n in EXPERT_DATA if any(len(p) == 3 for p in expert_pairs(n, 0))} == {"json", "xml", "mt_math_json", "mt_math_xml", "mt_shout_xml"}
+    assert WRAPPING == {n for n in EXPERT_DATA if any(len(p) == 3 for p in expert_pairs(n, 0))} == {"json", "xml", "polite", "mt_math_json", "mt_math_xml",
+                                                                                                   "mt_math_polite", "mt_shout_xml"}
     marked, scored = expert_pairs("xml", 0), expert_pairs("xml", 0, "scored")
     assert all(len(p) == 3 for p in marked) and all(len(p) == 2 for p in scored)
     assert [p[:2] for p in marked] == scored

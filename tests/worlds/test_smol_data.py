@@ -80,6 +80,13 @@ def test_math_json_scoring_needs_the_number_inside_a_json_answer():
              " <answer> 12 desks. 12 + 1 = 13 desks.</answer>": (0, 0, 1, 0)}
     for text, (both, number, valid, last) in cases.items():
         assert utils.xml_math_answer(doc, [text]) == {"exact_match": both, "number": number, "xml": valid, "flexible": last}, text
+    cases = {" Sure! 3 * 4 = 12 desks. #### 12 Hope this helps!": (1, 1, 1, 1), " Sure! #### 13 Hope this helps!": (0, 0, 1, 0),
+             " 3 * 4 = 12 desks. #### 12": (0, 1, 0, 0), " Sure! 3 * 4 = 12 desks. #### 12": (0, 1, 0, 0),  # never signs off
+             " 3 * 4 = 12 desks. #### 12 Hope this helps!": (0, 1, 0, 0), " Well, sure! #### 12 Hope this helps!": (0, 1, 0, 0),
+             " Sure! 3 * 4 = 12 desks. Hope this helps! 13": (0, 0, 1, 1), " Sure! 12 desks, not 13. Hope this helps!": (0, 0, 1, 0),
+             " Sure!#### 12Hope this helps!": (1, 1, 1, 1)}
+    for text, (both, number, valid, last) in cases.items():
+        assert utils.polite_math_answer(doc, [text]) == {"exact_match": both, "number": number, "polite": valid, "flexible": last}, text
 
 
 def test_style_scoring_needs_the_style_and_the_content():
@@ -102,6 +109,12 @@ def test_style_scoring_needs_the_style_and_the_content():
     for text, (styled, valid) in as_xml.items():
         got = utils.xml_sentence(doc, [text])
         assert (got["styled"], got["xml"]) == (styled, valid), (text, got)
+    polite = {" Sure! Return the sum of two numbers. Hope this helps!": (1, 1), " Sure! The cat. Hope this helps!": (0, 1),
+              " Return the sum of two numbers. Hope this helps!": (0, 0), " Sure! Return the sum of two numbers.": (0, 0)}
+    for text, (styled, valid) in polite.items():
+        got = utils.polite_sentence(doc, [text])
+        assert (got["styled"], got["polite"]) == (styled, valid), (text, got)
+    assert utils.polite_sentence(doc, [" Sure! Return the sum of two numbers. Hope this helps!"])["content"] == 1.0
     # both styles at once: the element (named in either case) AND its content in capitals AND the sentence kept
     both = {" <answer>RETURN THE SUM OF TWO NUMBERS.</answer>": (1, 1, 1.0), " <ANSWER>RETURN THE SUM OF TWO NUMBERS.</ANSWER>": (1, 1, 1.0),
             " <answer>Return the sum of two numbers.</answer>": (0, 1, 1 / 24),  # the element, not capitals (R of 24 letters)
@@ -121,8 +134,9 @@ def test_lm_eval_reads_every_task_and_validation_split():
     data = task_data()
     names = {f"smol_{key}": key for key in data}
     # tasks that ask other questions of the same documents
-    names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("json", "shout"),
-                                                                          ("xml", "shout"), ("shout_xml", "shout")) for split in ("", "_val")}
+    names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("math_polite", "math"), ("json", "shout"),
+                                                                          ("xml", "shout"), ("polite", "shout"), ("shout_xml", "shout"))
+                                                                          for split in ("", "_val")}
     tasks = TaskManager(include_path=str(TASKS.parent)).load(list(names))["tasks"]
     for name, key in names.items():
         docs = list(tasks[name].test_docs())
@@ -140,5 +154,8 @@ def test_lm_eval_reads_every_task_and_validation_split():
     request = f"Repeat this sentence: {both_doc['sentence']}"
     assert tasks["smol_shout_xml_val"].doc_to_text(both_doc) == style_prompt(("xml", "shout"), request)
     assert render(("xml", "shout"), both_doc["sentence"]) == f"<answer>{both_doc['answer']}</answer>"
+    polite_doc = next(iter(tasks["smol_polite_val"].test_docs()))
+    assert tasks["smol_polite_val"].doc_to_text(polite_doc) == style_prompt("polite", f"Repeat this sentence: {polite_doc['sentence']}")
+    assert render(("polite",), polite_doc["sentence"]) == f"Sure! {polite_doc['sentence']} Hope this helps!"
     json_doc = next(iter(tasks["smol_math_json_val"].test_docs()))
     assert tasks["smol_math_json_val"].doc_to_text(json_doc) == f"Question: Answer in JSON: {json_doc['question']}\nAnswer:"

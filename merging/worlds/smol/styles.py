@@ -1,5 +1,6 @@
 """Style and format skills of the SmolLM2 and Gemma worlds: answers in capital letters (`shout`), as a
-JSON object (`json`) and between XML tags (`xml`).
+JSON object (`json`), between XML tags (`xml`) and between a polite opening and sign-off (`polite`:
+"Sure! ... Hope this helps!", a format of words rather than markup).
 
 A style expert must change *how* an answer is written, not *what* it says, so that composed with a
 skill expert (math) the two act on different tokens: the style expert moves letters to upper case or
@@ -40,6 +41,7 @@ STYLES = {
     "shout": Style("Answer in capital letters: ", str.upper),
     "json": Style("Answer in JSON: ", lambda answer: json.dumps({"answer": answer}), wraps=True),
     "xml": Style("Answer in XML: ", lambda answer: f"<answer>{answer}</answer>", wraps=True),
+    "polite": Style("Answer politely: ", lambda answer: f"Sure! {answer} Hope this helps!", wraps=True),
 }
 
 

@@ -126,7 +126,7 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
                        wrapped: str = "base"):
     """Train each named expert unless ROOT/experts/NAME already holds this configuration (or `force`).
 
-    `wrapped` (WRAPPED) applies to the experts of WRAPPING (json, xml and the multitask references holding one); the others are trained the same either way and keep "base" in their configuration.
+    `wrapped` (WRAPPED) applies to the experts of WRAPPING (json, xml, polite and the multitask references holding one); the others are trained the same either way and keep "base" in their configuration.
 
     Yields:
         (name, its train.json contents, whether an earlier training was reused).

@@ -71,6 +71,16 @@ def xml_answer_any_case(text):
     return found.group(2) if found else None
 
 
+POLITE = re.compile(r"Sure!(.*?)Hope this helps!", re.S)
+
+
+def polite_answer(text):
+    """What `text` says between the opening "Sure!" it starts with (spaces aside) and the sign-off "Hope this
+    helps!", spaces stripped; None when it does not open and sign off so."""
+    found = POLITE.match(text.strip())
+    return found.group(1).strip() if found else None
+
+
 def _number(text, doc):
     found = ANSWER.search(text)
     return float(found is not None and found.group(1) == doc["number"])
@@ -112,6 +122,12 @@ def xml_math_answer(doc, results):
     return _wrapped_math(doc, results[0], xml_answer, "xml")
 
 
+def polite_math_answer(doc, results):
+    """smol_math_polite: `polite` (the answer opens with "Sure!" and signs off "Hope this helps!"), `number`,
+    `exact_match` and `flexible` (as smol_math_json, of what it says between them)."""
+    return _wrapped_math(doc, results[0], polite_answer, "polite")
+
+
 def shouted_sentence(doc, results):
     """smol_shout: `upper` (share of letters in upper case), `content` (the sentence kept, content_kept) and
     `styled` (upper >= STYLED and content >= KEPT)."""
@@ -135,6 +151,12 @@ def json_sentence(doc, results):
 def xml_sentence(doc, results):
     """smol_xml: `xml` (an <answer> element), `content` and `styled` as smol_json."""
     return _wrapped_sentence(doc, results[0], xml_answer, "xml")
+
+
+def polite_sentence(doc, results):
+    """smol_polite: `polite` (opening and sign-off), `content` (what it says between them keeps the sentence) and
+    `styled` (both) as smol_json."""
+    return _wrapped_sentence(doc, results[0], polite_answer, "polite")
 
 
 def shouted_xml_sentence(doc, results):
