@@ -15,13 +15,18 @@ With `detectors` (score "discriminant", `discriminants`) each expert is detected
 experts competing in one softmax, so a prompt that needs two skills can keep both:
 
     z_i,t = (h̄_t − μ) · v_i − o_i        v_i = Σ_λ⁻¹ (c_i − μ) / s_i,  Σ_λ = Σ + λ · mean(diag Σ) · I
-    g_i,t = z⁺_i,t / max_j z⁺_j,t  where z⁺_i,t ≥ θ · max_j z⁺_j,t > 0, else 0       z⁺ = max(z, 0)
+    g_i,t = z⁺_i,t / max_j z⁺_j,t  where z⁺_i,t > 0 and z⁺_i,t ≥ θ · max_j z⁺_j,t, else 0       z⁺ = max(z, 0)
 
 Σ is the experts' prompts' pooled within-expert covariance (the linear discriminant of Gaussian classes
 with one shared covariance, shrunk by λ), and s_i, o_i scale z_i to 1 on average over expert i's prompts
 and 0 over the other experts' prompts. Whitening by Σ weighs the directions that tell the experts'
 prompts apart (an instruction, "Answer in XML:") over those their content varies along. No expert
 detected (every z ≤ 0) gives every gate 0: the product rule is then the base.
+
+With `floors` (expert -> f_i, chosen on validation prompts) each detector is read less its floor, z_i − f_i in
+place of z_i above and below: expert i is evidence only where z_i > f_i, so that an expert whose detector fires a
+little on the other experts' prompts (a style instruction's shared words) can be held to a higher bar than the
+others; with θ = 0 and binary gates, exactly the experts above their floors are composed.
 
 With `gates: binary` every kept expert's gate is 1 (g_i,t = 1 where the rule above keeps expert i, else 0): the
 experts the evidence keeps are composed at their full weights, as a composition of exactly those experts.
@@ -134,9 +139,9 @@ class Router(torch.nn.Module):
 
 def threshold_gates(evidence: torch.Tensor, threshold: float, binary: bool = False) -> torch.Tensor:
     """g (..., k) from evidence (..., k) ≥ 0: each evidence over the top one (binary: 1), 0 below θ · the top one
-    (every gate 0 where no expert has evidence)."""
+    and where an expert has no evidence (every gate 0 where no expert has any)."""
     top = evidence.amax(-1, keepdim=True)  # (..., 1)
-    keep = (evidence >= threshold * top) & (top > 0)
+    keep = (evidence >= threshold * top) & (evidence > 0)
     if binary:
         return keep.float()
     return torch.where(keep, evidence / top.clamp(min=torch.finfo(evidence.dtype).tiny), torch.zeros_like(evidence)).float()
@@ -285,33 +290,45 @@ def peak_detectors(tokens: dict[str, list[torch.Tensor]], shrinkage: float = 1.0
     return out
 
 
+def with_floors(detectors: dict[str, dict], floors: dict[str, float]) -> dict[str, dict]:
+    """The detectors with each named expert's score read less its floor, z_i − f_i (its offset raised by f_i), so
+    that it is evidence only above f_i; an expert not named keeps floor 0."""
+    if unknown := sorted(set(floors) - set(detectors)):
+        raise ValueError(f"routing floors: {unknown[0]!r} is not a routed expert; expected names from {sorted(detectors)}")
+    return {n: {"direction": d["direction"], "offset": d["offset"] + float(floors.get(n, 0.0))} for n, d in detectors.items()}
+
+
 def routing_config(states: dict[str, torch.Tensor | list[torch.Tensor]], tau: float = 0.1, threshold: float = 0.0,
                    score: str = "cosine", shrinkage: float = 1.0, gates: str = "scaled", update: bool = True,
-                   pool: str = "mean") -> dict:
+                   pool: str = "mean", floors: dict[str, float] | None = None) -> dict:
     """`CompositionConfig.routing` from each expert's prompts (`expert_prompt_states`: their means (n_i, d), or with
     `pool` "max" their token states): centroids, τ, θ, the gates' kind (ROUTING_GATES), whether decoding updates
-    them, the pooling, and with score "discriminant" the detectors (`discriminants`, `peak_detectors` with max)."""
+    them, the pooling, and with score "discriminant" the detectors (`discriminants`, `peak_detectors` with max),
+    each read less its expert's floor in `floors` (`with_floors`)."""
     if score not in ROUTING_SCORES:
         raise ValueError(f"routing score: expected one of {list(ROUTING_SCORES)}, got {score!r}")
     if pool not in ROUTING_POOLS or (pool == "max" and score != "discriminant"):
         raise ValueError(f"routing pool: expected one of {list(ROUTING_POOLS)} (max with score discriminant), got {pool!r}")
+    if floors and score != "discriminant":
+        raise ValueError("routing floors: need score discriminant (a floor is a detector's score)")
     flat = {n: torch.cat(m) if pool == "max" else m for n, m in states.items()}  # (N_i, d): prompts' means or tokens
     routing = {"centroids": {n: m.mean(0).tolist() for n, m in flat.items()}, "tau": tau, "threshold": threshold,
                "gates": gates, "update": update, "pool": pool}
     if score == "cosine":
         return routing
-    return routing | {"detectors": peak_detectors(states, shrinkage) if pool == "max" else discriminants(states, shrinkage)}
+    detectors = peak_detectors(states, shrinkage) if pool == "max" else discriminants(states, shrinkage)
+    return routing | {"detectors": with_floors(detectors, floors or {})}
 
 
 def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float = 0.1, threshold: float = 0.0,
                 batch_size: int = 8, score: str = "cosine", shrinkage: float = 1.0, gates: str = "scaled",
-                update: bool = True, pool: str = "mean") -> None:
+                update: bool = True, pool: str = "mean", floors: dict[str, float] | None = None) -> None:
     """Route `composed` (a `ComposedModelForCausalLM`) by the hidden states of these prompts (expert name ->
     prompts of its skill, every composed expert), computed by its base with the adapters disabled: cosine
     posteriors of centroids, or (score "discriminant") per-expert detectors of the prompts' mean or (`pool`
-    "max") of their tokens, with `gates` "scaled" or "binary" (a kept expert at its full weight), and `update`
-    False to hold the prompt's gates while decoding; sets its `composition.routing` (saved with it by
-    `save_pretrained`)."""
+    "max") of their tokens (each read less its expert's floor in `floors`), with `gates` "scaled" or "binary" (a
+    kept expert at its full weight), and `update` False to hold the prompt's gates while decoding; sets its
+    `composition.routing` (saved with it by `save_pretrained`)."""
     from contextlib import nullcontext
 
     from peft import PeftModel
@@ -319,4 +336,4 @@ def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float =
     with composed.model.disable_adapter() if isinstance(composed.model, PeftModel) else nullcontext():
         states = expert_prompt_states(composed._hf_model, tokenizer, prompts, batch_size, pool)
     composed.composition = composed.composition.with_routing(
-        routing_config(states, tau, threshold, score, shrinkage, gates, update, pool))
+        routing_config(states, tau, threshold, score, shrinkage, gates, update, pool, floors))

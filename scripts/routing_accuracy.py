@@ -11,6 +11,11 @@ validation documents. Per task, at the prompt's last token: `top` is the share o
 expert is the task's expert (one-expert tasks), `exact` the share whose composed experts (gate > 0 at the
 threshold θ) are exactly the task's experts (`a+b`: both kept, no other). Prints a markdown table and JSON.
 
+`--fit-floors` (with `--score discriminant`) chooses each expert's floor (`route: {floors: ...}`, the score its
+detector needs) on these tasks' prompts, which must be validation prompts: the value that makes "z_i above its
+floor" agree best with "the task needs expert i", averaged over the tasks (ties: the value nearest 0.5, halfway
+between the other experts' prompts and its own); it prints the floors and the table with them.
+
 `--evidence` (with `--score discriminant`) prints instead each expert's detector score z_i (before the clamp
 at 0; 1 on average over its own training prompts, 0 over the other experts') on each task's prompts: mean
 [min, max], what decides which experts a threshold can keep. `--pool` (with `--score discriminant`): `mean`
@@ -70,6 +75,19 @@ def print_evidence(scores: dict[float, dict[str, torch.Tensor]], experts: list[s
     print(json.dumps({"experts": experts, "evidence": rows}))
 
 
+def fit_floors(scores: dict[str, torch.Tensor], tasks: list[tuple[str, list[int]]], experts: list[str]) -> dict[str, float]:
+    """Expert -> the floor f maximising the mean over tasks of the share of prompts on which z_i > f agrees with
+    the task needing expert i; candidates: midpoints between consecutive observed scores and one below them all."""
+    floors = {}
+    for i, name in enumerate(experts):
+        values = torch.cat([scores[t][:, i] for t, _ in tasks]).unique()  # sorted
+        candidates = torch.cat([values[:1] - 1, (values[1:] + values[:-1]) / 2])  # (c,)
+        agree = torch.stack([((scores[t][:, i, None] > candidates) == (i in wanted)).float().mean(0) for t, wanted in tasks]).mean(0)  # (c,)
+        best = candidates[agree == agree.max()]
+        floors[name] = round(float(best[(best - 0.5).abs().argmin()]), 4)
+    return floors
+
+
 def settings(args) -> list[tuple[str, dict]]:
     """(label, routing_config keywords) of every τ (cosine) or λ (discriminant) at every θ."""
     values = args.tau if args.score == "cosine" else args.shrinkage
@@ -87,11 +105,12 @@ def main(argv=None) -> None:
     parser.add_argument("--shrinkage", type=float, nargs="+", default=[1.0], help="the discriminant's covariance shrinkage λ")
     parser.add_argument("--threshold", type=float, nargs="+", default=[0.3], help="θ: gates below θ · the top one's are 0")
     parser.add_argument("--evidence", action="store_true", help="print the detectors' scores z per task (--score discriminant)")
+    parser.add_argument("--fit-floors", action="store_true", help="choose each expert's floor on these (validation) tasks (--score discriminant)")
     parser.add_argument("--pool", choices=("mean", "last", "max"), default="mean",
                         help="a prompt's mean hidden state, its last token's (a probe), or token-level detectors' maximum")
     args = parser.parse_args(argv)
-    if (args.evidence or args.pool != "mean") and args.score != "discriminant":
-        parser.error("--evidence and --pool last/max: the detectors' scores need --score discriminant")
+    if (args.evidence or args.fit_floors or args.pool != "mean") and args.score != "discriminant":
+        parser.error("--evidence, --fit-floors and --pool last/max: the detectors' scores need --score discriminant")
     experts = args.experts.split(",")
     tasks = [(t.split("=")[0], [experts.index(e) for e in t.split("=")[1].split("+")]) for t in args.tasks.split(",")]
     tok = AutoTokenizer.from_pretrained(args.world / "base")
@@ -107,13 +126,20 @@ def main(argv=None) -> None:
             scores = {v: pooled_scores(states, task_states, args.pool, v) for v in args.shrinkage}
     if args.evidence:
         return print_evidence(scores, experts)
+    floors = {v: fit_floors(by_task, tasks, experts) if args.fit_floors else {} for v, by_task in scores.items()} if args.score != "cosine" else {}
+    for value, chosen in floors.items():
+        if chosen:
+            print(f"floors at λ {value:g}: {json.dumps(chosen)}")
     rows = []
     for label, keywords in settings(args):
         if args.score == "cosine":
             router = Router.from_config(routing_config(train, score=args.score, **keywords), experts)
         for task, wanted in tasks:
-            gates = (router.gates(means[task]) if args.score == "cosine"  # (n, k)
-                     else threshold_gates(scores[keywords["shrinkage"]][task].clamp(min=0), keywords["threshold"]))
+            if args.score == "cosine":
+                gates = router.gates(means[task])  # (n, k)
+            else:
+                floor = torch.tensor([floors[keywords["shrinkage"]].get(e, 0.0) for e in experts])  # (k,)
+                gates = threshold_gates((scores[keywords["shrinkage"]][task] - floor).clamp(min=0), keywords["threshold"])
             top = (gates.argmax(-1) == wanted[0]).float().mean().item() if len(wanted) == 1 else None
             chosen = torch.zeros(len(experts), dtype=torch.bool)
             chosen[wanted] = True
@@ -122,7 +148,7 @@ def main(argv=None) -> None:
     print(f"| {args.score} | task | top | exact | mean gate ({', '.join(experts)}) |\n|---|---|---|---|---|")
     for label, task, top, exact, mean in rows:
         print(f"| {label} | {task} | {'-' if top is None else f'{top:.2f}'} | {exact:.2f} | {', '.join(f'{g:.2f}' for g in mean)} |")
-    print(json.dumps({"experts": experts, "score": args.score, "rows": rows}))
+    print(json.dumps({"experts": experts, "score": args.score, "floors": floors, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ each expert's centroid from prompts of its skill, by default the `prompts.jsonl`
 folder (one JSON object with a "prompt" string per line; the first `limit` are read); `score:
 discriminant` detects each expert on its own (`shrinkage` λ of the covariance) instead of the cosine
 posteriors; `pool: max` (with `score: discriminant`) detects each expert on single tokens, keeping each
-detector's maximum over the tokens so far; `gates: binary` composes the kept experts at their full weights;
+detector's maximum over the tokens so far; `floors` (expert -> score) holds an expert's detector to its own bar;
+`gates: binary` composes the kept experts at their full weights;
 `update: false` holds the prompt's gates while decoding; it then also sweeps `tau`, `threshold` or `shrinkage`.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import fields, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -53,6 +54,8 @@ class RouteOptions(Options):
     gates: Literal[ROUTING_GATES] = "scaled"  # a kept expert's gate: its evidence over the top one's, or 1
     update: bool = True  # false: decoding holds the gates of the prompt
     pool: Literal[ROUTING_POOLS] = "mean"  # the detectors read the mean hidden state so far, or each token (their maximum)
+    # expert -> the detector score it needs to count as evidence (score discriminant; chosen on validation prompts)
+    floors: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(default_factory=dict)
     limit: int = Field(default=200, ge=1)
 
 
@@ -92,9 +95,11 @@ class ComposedKind(Kind):
         if route:
             if route["pool"] == "max" and route["score"] != "discriminant":
                 raise ValueError("route.pool: max needs score: discriminant (token-level detectors), got score: cosine")
-            unknown = sorted(set(route["prompts"]) - set(row.experts))
-            if unknown:
-                raise ValueError(f"route.prompts: {unknown[0]!r} is not an expert of this row; its experts are {list(row.experts)}")
+            if route["floors"] and route["score"] != "discriminant":
+                raise ValueError("route.floors: need score: discriminant (a floor is a detector's score), got score: cosine")
+            for key in ("prompts", "floors"):
+                if unknown := sorted(set(route[key]) - set(row.experts)):
+                    raise ValueError(f"route.{key}: {unknown[0]!r} is not an expert of this row; its experts are {list(row.experts)}")
         return replace(row, config=composition_config(options, row.weights), parameters={"route": route} if route else {})
 
     def check(self, rows: list[Variant], recipe, paths) -> None:
@@ -119,7 +124,8 @@ class ComposedKind(Kind):
             route = row.parameters["route"]
             states = pool.prompt_states(_prompt_files(row, pool.paths), route["limit"], route["pool"])
             config = config.with_routing(routing_config(states, route["tau"], route["threshold"], route["score"],
-                                                        route["shrinkage"], route["gates"], route["update"], route["pool"]))
+                                                        route["shrinkage"], route["gates"], route["update"], route["pool"],
+                                                        route["floors"]))
         yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(row.experts), full, config, sources)
 
 

@@ -85,14 +85,35 @@ def test_discriminant_gates_are_the_documented_formula_and_score_one_on_own_prom
         assert (router.scores(queries) < 0).any()  # so the clamp is not what the line above checks
         z = ((queries - centre) @ v.T - o).clamp(min=0)  # (9, 3)
         top = z.amax(-1, keepdim=True)
-        keep = (z >= threshold * top) & (top > 0)
+        keep = (z >= threshold * top) & (z > 0)  # kept: evidence, and at least θ · the top one's
         _close(router.gates(queries), torch.where(keep, z / top, torch.zeros_like(z)))
         binary = Router.from_config(routing | {"gates": "binary"}, list("abc"), dtype=torch.float64)
         assert torch.equal(binary.gates(queries), keep.float())  # binary: every kept expert at gate 1
+        assert threshold > 0 or not keep.all()  # θ = 0: an expert without evidence is still not kept
         for i, n in enumerate("abc"):  # z_i: mean 1 over expert i's own prompts, 0 over the other experts' prompts
             z_own = (means[n] - centre) @ v[i] - o[i]
             z_other = torch.cat([(means[m] - centre) @ v[i] - o[i] for m in "abc" if m != n])
             assert abs(z_own.mean() - 1) < 1e-9 and abs(z_other.mean()) < 1e-9
+
+
+def test_floors_raise_each_detectors_offset_and_binary_gates_at_theta_0_keep_exactly_the_experts_above_them():
+    gen = torch.Generator().manual_seed(5)
+    means = {n: torch.randn(6, 4, generator=gen).double() + 2 * torch.eye(4)[i] for i, n in enumerate("abc")}
+    queries = torch.randn(12, 4, generator=gen).double()
+    floors = {"a": 0.4, "c": -0.2}
+    plain = routing_config(means, score="discriminant", shrinkage=0.5, gates="binary")
+    floored = routing_config(means, score="discriminant", shrinkage=0.5, gates="binary", floors=floors)
+    for n in "abc":  # the same direction; the offset raised by the floor (0 for an expert not named)
+        assert floored["detectors"][n]["direction"] == plain["detectors"][n]["direction"]
+        assert floored["detectors"][n]["offset"] == plain["detectors"][n]["offset"] + floors.get(n, 0.0)
+    z = Router.from_config(plain, list("abc"), dtype=torch.float64).scores(queries)  # (12, 3) without floors
+    above = z > torch.tensor([floors.get(n, 0.0) for n in "abc"], dtype=torch.float64)  # (12, 3)
+    assert above.any() and not above.all()  # so the comparison below can fail
+    assert torch.equal(Router.from_config(floored, list("abc"), dtype=torch.float64).gates(queries), above.float())
+    with pytest.raises(ValueError, match=r"^routing floors: need score discriminant"):
+        routing_config(means, floors={"a": 0.1})
+    with pytest.raises(ValueError, match=r"^routing floors: 'd' is not a routed expert; expected names from \['a', 'b', 'c'\]$"):
+        routing_config(means, score="discriminant", floors={"d": 0.1})
 
 
 def test_discriminant_reductions_equal_evidence_one_expert_and_none():
@@ -141,7 +162,7 @@ def _hand_peak_gates(hidden, centroids, detectors, threshold):
         z = torch.stack([torch.dot(h - centre, v[i]) - o[i] for i in range(len(o))])
         peak = z if peak is None else torch.maximum(peak, z)
         e = peak.clamp(min=0)
-        out.append(torch.where((e >= threshold * e.max()) & (e.max() > 0), e / e.max(), torch.zeros_like(e)))
+        out.append(torch.where((e >= threshold * e.max()) & (e > 0), e / e.max(), torch.zeros_like(e)))
         ties.append(bool((e.max() < 1e-6 and (peak.abs() < 1e-6).any()) or ((e - threshold * e.max()).abs() < 1e-6).any()))
     return torch.stack(out), torch.tensor(ties)
 

@@ -35,7 +35,8 @@ def test_routed_rows_sweep_tau_and_threshold_and_the_oracle_takes_its_experts_ro
                                              {"name": "rt", "kind": "composed", "route": {"tau": 0.2}, "sweep": {"threshold": [0.0, 0.5]}},
                                              {"name": "o", "kind": "oracle", "tasks": {"val": "a", "test": "base"}}]))}
     assert rows["rt[threshold=0.5]"].parameters["route"] == {"prompts": {}, "tau": 0.2, "threshold": 0.5, "score": "cosine", "shrinkage": 1.0,
-                                                           "gates": "scaled", "update": True, "pool": "mean", "limit": 200}
+                                                           "gates": "scaled", "update": True, "pool": "mean", "floors": {},
+                                                           "limit": 200}
     assert rows["rt[threshold=0.5]"].config.routing is None  # centroids are computed when the row's model is built
     assert rows["o"].parameters == {"tasks": {"val": "a", "test": "base"}}
     from merging.kinds import KINDS
@@ -55,6 +56,11 @@ def test_routed_rows_sweep_tau_and_threshold_and_the_oracle_takes_its_experts_ro
     ([{"name": "c", "kind": "composed", "route": {"pool": "last"}}], r"route\.pool: Input should be 'mean' or 'max'"),
     ([{"name": "c", "kind": "composed", "experts": ["a"], "route": {"prompts": {"b": "p.jsonl"}}}],
      r"route\.prompts: 'b' is not an expert of this row"),
+    ([{"name": "c", "kind": "composed", "route": {"floors": {"a": 0.5}}}], r"route\.floors: need score: discriminant"),
+    ([{"name": "c", "kind": "composed", "experts": ["a"], "route": {"score": "discriminant", "floors": {"b": 0.5}}}],
+     r"route\.floors: 'b' is not an expert of this row"),
+    ([{"name": "c", "kind": "composed", "route": {"score": "discriminant", "floors": {"a": "high"}}}], r"route\.floors\.a: Input should be a valid number"),
+    ([{"name": "c", "kind": "composed", "route": {"score": "discriminant", "floors": {"a": float("inf")}}}], r"route\.floors\.a: Input should be a finite number"),
 ])
 def test_bad_routed_and_oracle_rows_are_refused_by_name(variants, message):
     with pytest.raises(ValueError, match=message):
@@ -78,7 +84,8 @@ def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tm
                            {"name": "rt", "kind": "composed", "route": {"prompts": {"a": "a_prompts.jsonl"}, "limit": 3, "threshold": 0.3},
                             "sweep": {"tau": [0.05, 5.0]}},
                            {"name": "det", "kind": "composed", "route": {"prompts": {"a": "a_prompts.jsonl"}, "limit": 3, "threshold": 0.3,
-                                                                          "score": "discriminant", "shrinkage": 0.5, "gates": "binary"}},
+                                                                          "score": "discriminant", "shrinkage": 0.5, "gates": "binary",
+                                                                          "floors": {"a": 0.2}}},
                            {"name": "peak", "kind": "composed", "route": {"prompts": {"a": "a_prompts.jsonl"}, "limit": 3, "threshold": 0.3,
                                                                            "score": "discriminant", "pool": "max", "update": False}},
                            {"name": "oracle", "kind": "oracle", "tasks": {"smol_text": "a", "toy_a2b_c2d": "b"}}],
@@ -95,7 +102,7 @@ def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tm
         assert math.isclose(got, bits_per_byte(composed, tok), rel_tol=1e-5), (tau, got)
     assert results["rt[tau=0.05]"]["smol_text"] != results["rt[tau=5]"]["smol_text"]  # τ changes the model
     composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"], "b": b})
-    fit_routing(composed, tok, PROMPTS, threshold=0.3, score="discriminant", shrinkage=0.5, gates="binary")
+    fit_routing(composed, tok, PROMPTS, threshold=0.3, score="discriminant", shrinkage=0.5, gates="binary", floors={"a": 0.2})
     assert math.isclose(results["det"]["smol_text"]["bits_per_byte,none"], bits_per_byte(composed, tok), rel_tol=1e-5)
     composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"], "b": b})
     fit_routing(composed, tok, PROMPTS, threshold=0.3, score="discriminant", pool="max", update=False)
