@@ -59,8 +59,9 @@ gemma: $(STAMP)
 	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/gemma3-math-code.yaml
 
 # Two skills in one answer (docs/two-skill.md): the math expert, the shout, json and xml style experts and
-# the multitask LoRAs, then recipes/smol-two-skill.yaml, smol-two-skill-xml.yaml and smol-two-skill-styles.yaml
-# (a probe; its style experts in smol_styles; gemma: recipes/gemma3-two-skill.yaml, gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml).
+# the multitask LoRAs, then recipes/smol-two-skill.yaml, smol-two-skill-xml.yaml, smol-two-skill-styles.yaml (a probe;
+# its style experts in smol_styles) and smol-two-skill-polite.yaml (seed 1, smol_world_seed1; gemma: recipes/gemma3-two-skill.yaml,
+# gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml, gemma3-two-skill-polite.yaml).
 TWO_SKILL_EXPERTS := math,json,mt_math_json
 smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
@@ -71,13 +72,17 @@ smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts xml --wrapped scored
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts shout --steps 300
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-styles.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world_seed1
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world_seed1 --experts math,polite,mt_math_polite --seed 1
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-polite.yaml
 
 gemma-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml,shout,mt_shout_xml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml,shout,mt_shout_xml,polite,mt_math_polite
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill.yaml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-xml.yaml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-styles.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-polite.yaml
 
 clean:
-	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world smol_styles gemma_world .pytest_cache
+	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world smol_world_seed1 smol_styles gemma_world .pytest_cache
