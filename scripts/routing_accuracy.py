@@ -126,10 +126,9 @@ def main(argv=None) -> None:
             scores = {v: pooled_scores(states, task_states, args.pool, v) for v in args.shrinkage}
     if args.evidence:
         return print_evidence(scores, experts)
-    floors = {v: fit_floors(by_task, tasks, experts) if args.fit_floors else {} for v, by_task in scores.items()} if args.score != "cosine" else {}
+    floors = {v: fit_floors(by_task, tasks, experts) for v, by_task in scores.items()} if args.fit_floors else {}
     for value, chosen in floors.items():
-        if chosen:
-            print(f"floors at λ {value:g}: {json.dumps(chosen)}")
+        print(f"floors at λ {value:g}: {json.dumps(chosen)}")
     rows = []
     for label, keywords in settings(args):
         if args.score == "cosine":
@@ -138,7 +137,7 @@ def main(argv=None) -> None:
             if args.score == "cosine":
                 gates = router.gates(means[task])  # (n, k)
             else:
-                floor = torch.tensor([floors[keywords["shrinkage"]].get(e, 0.0) for e in experts])  # (k,)
+                floor = torch.tensor([floors.get(keywords["shrinkage"], {}).get(e, 0.0) for e in experts])  # (k,): 0 without --fit-floors
                 gates = threshold_gates((scores[keywords["shrinkage"]][task] - floor).clamp(min=0), keywords["threshold"])
             top = (gates.argmax(-1) == wanted[0]).float().mean().item() if len(wanted) == 1 else None
             chosen = torch.zeros(len(experts), dtype=torch.bool)
