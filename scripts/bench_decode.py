@@ -23,11 +23,12 @@ transformers computes it (`F.linear`), the before of logitcomp/head.py's layout.
 `--rule NAME` (repeatable) adds a `composed@NAME` setup per composition rule (default parameters),
 reported beside the product rule's `composed`.
 
-`--route SCORE` (repeatable: cosine, discriminant, max) adds a `composed~SCORE` setup: the product rule routed
-per position (logitcomp/routing.py) by random centroids (and detectors; `max`: token-level detectors, `pool:
+`--route SCORE` (repeatable: cosine, discriminant, max, held) adds a `composed~SCORE` setup: the product rule
+routed per position (logitcomp/routing.py) by random centroids (and detectors; `max`: token-level detectors, `pool:
 max`) that keep every expert's gate above 0, so each step pays for the routing (the base rows' hidden states,
-the running means or maxima, the gates, the gated composition) and composes every expert; reported beside the
-unrouted `composed`.
+the running means or maxima, the gates, the gated composition) and composes every expert; `held`: the setting of
+the floors rows (token-level detectors, binary gates held from the prompt, `update: false`; floors are offsets of
+the detectors and cost nothing). Reported beside the unrouted `composed`.
 
 `--generate` measures the path users decode through instead: transformers' `generate` (greedy,
 `min_new_tokens` = `max_new_tokens`, so every row decodes the same number of steps), as lm-eval
@@ -76,7 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
-    p.add_argument("--route", action="append", default=[], choices=(*ROUTING_SCORES, "max"),
+    p.add_argument("--route", action="append", default=[], choices=(*ROUTING_SCORES, "max", "held"),
                    help="also time the composed model routed with this score (repeatable)")
     p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
     p.add_argument("--compile", action="store_true", help="with --generate: also time each setup with a static cache and the compiled step")
@@ -196,9 +197,11 @@ def composition_of(setup: str, root: Path, args):
     gen = torch.Generator().manual_seed(0)
     names = [f"e{i}" for i in range(args.k)]
     routing = {"centroids": {n: torch.randn(hidden, generator=gen).tolist() for n in names}, "tau": 1.0, "threshold": 0.0}
-    if score in ("discriminant", "max"):  # z = 1 for every expert at every position
+    if score in ("discriminant", "max", "held"):  # z = 1 for every expert at every position
         routing["detectors"] = {n: {"direction": [0.0] * hidden, "offset": -1.0} for n in names}
-        routing["pool"] = "max" if score == "max" else "mean"
+        routing["pool"] = "mean" if score == "discriminant" else "max"
+    if score == "held":
+        routing.update(gates="binary", update=False)
     return config.with_routing(routing)
 
 
