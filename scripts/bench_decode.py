@@ -183,7 +183,8 @@ def decode_generate(model, args, compiled: bool) -> tuple[float, float]:
 
 def composition_of(setup: str, root: Path, args):
     """The CompositionConfig of composed, composed@RULE or composed~SCORE (the product rule routed by random
-    centroids, and for `discriminant` and `max` (token-level) detectors that detect every expert: every gate above 0)."""
+    centroids, and for `discriminant`, `max` (token-level) and `held` (token-level, binary gates held from the prompt)
+    detectors that detect every expert: every gate above 0)."""
     from transformers import AutoConfig
 
     from logitcomp import CompositionConfig
