@@ -33,6 +33,7 @@ def check_eos_policy(policy) -> str:
 ROUTING_SCORES = ("cosine", "discriminant")  # how routing scores the experts' evidence (logitcomp.routing)
 ROUTING_GATES = ("scaled", "binary")  # a kept expert's gate: its evidence over the top one's, or 1 (logitcomp.routing)
 ROUTING_POOLS = ("mean", "max")  # what the evidence reads: the mean hidden state so far, or (detectors) each token (logitcomp.routing)
+ROUTING_KEYS = ("centroids", "tau", "threshold", "gates", "update", "pool", "detectors", "set_weights")
 
 
 def check_routing(routing) -> dict | None:
@@ -45,14 +46,16 @@ def check_routing(routing) -> dict | None:
     a cache (each `generate` step), the gates the cache's first forward (the prompt) ended with; `detectors`
     (optional): expert name -> {"direction": d numbers, "offset": a number}, the discriminant scores that
     replace the cosine posteriors; `pool` in ROUTING_POOLS (default "mean"; "max" needs detectors): the
-    detectors score the mean hidden state so far, or each token with their running maximum (see `logitcomp.routing`)."""
+    detectors score the mean hidden state so far, or each token with their running maximum; `set_weights` (optional):
+    a list of {"experts": [names of the centroids], "weight": λ_S}, distinct sets: the gates of a position that keeps
+    exactly those experts are multiplied by λ_S (see `logitcomp.routing`)."""
     if routing is None:
         return None
     if not isinstance(routing, dict):
         raise ValueError(f"routing: expected a mapping with centroids, tau and threshold, got {routing!r}")
-    unknown = sorted(set(routing) - {"centroids", "tau", "threshold", "gates", "update", "pool", "detectors"})
+    unknown = sorted(set(routing) - set(ROUTING_KEYS))
     if unknown:
-        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: centroids, tau, threshold, gates, update, pool, detectors")
+        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: {', '.join(ROUTING_KEYS)}")
     centroids = routing.get("centroids")
     if not isinstance(centroids, dict) or not centroids:
         raise ValueError(f"routing.centroids: expected a mapping of expert name to a list of numbers, got {centroids!r}")
@@ -81,6 +84,31 @@ def check_routing(routing) -> dict | None:
         raise ValueError(f"routing.pool: expected one of {list(ROUTING_POOLS)} (max only with detectors), got {out['pool']!r}")
     if "detectors" in routing:
         out["detectors"] = _check_detectors(routing["detectors"], out["centroids"], length)
+    if "set_weights" in routing:
+        out["set_weights"] = check_set_weights(routing["set_weights"], list(out["centroids"]), "routing.set_weights")
+    return out
+
+
+def check_set_weights(set_weights, experts: list[str], field: str = "set_weights") -> list[dict]:
+    """`set_weights` as [{"experts": [names in the order of `experts`], "weight": float}]. Raises ValueError naming
+    the entry unless each is a mapping of a non-empty list of distinct names of `experts` and a finite weight in
+    [-MAX_WEIGHT, MAX_WEIGHT], no set named twice."""
+    if not isinstance(set_weights, list):
+        raise ValueError(f"{field}: expected a list of {{experts: [names], weight: number}}, got {set_weights!r}")
+    out, seen = [], set()
+    for i, entry in enumerate(set_weights):
+        names = entry.get("experts") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or set(entry) != {"experts", "weight"} or not isinstance(names, list) or not names:
+            raise ValueError(f"{field}[{i}]: expected a mapping with experts (a non-empty list of names) and weight, got {entry!r}")
+        if unknown := [n for n in names if n not in experts]:
+            raise ValueError(f"{field}[{i}].experts: {unknown[0]!r} is not a routed expert; expected names from {experts}")
+        if len(set(names)) != len(names) or frozenset(names) in seen:
+            raise ValueError(f"{field}[{i}].experts: {names} names an expert twice or a set named before")
+        seen.add(frozenset(names))
+        weight = entry["weight"]
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or abs(weight) > MAX_WEIGHT:
+            raise ValueError(f"{field}[{i}].weight: expected a finite number in [-1e6, 1e6], got {weight!r}")
+        out.append({"experts": [e for e in experts if e in names], "weight": float(weight)})
     return out
 
 
@@ -142,7 +170,8 @@ class CompositionConfig:
         routing: None (fixed weights), or hidden-state routing (`logitcomp.routing`): `centroids`
             (expert name -> d numbers, every composed expert), `tau`, `threshold`, and optionally
             `detectors` (expert name -> {"direction", "offset"}: per-expert discriminant scores instead of the
-            cosine posteriors); each expert's weight at a position is w_i times its gate there.
+            cosine posteriors) and `set_weights` (a kept set of experts -> the factor of its gates); each
+            expert's weight at a position is w_i times its gate there.
     """
 
     weights: dict[str, float] = field(default_factory=dict)

@@ -31,6 +31,15 @@ others; with θ = 0 and binary gates, exactly the experts above their floors are
 With `gates: binary` every kept expert's gate is 1 (g_i,t = 1 where the rule above keeps expert i, else 0): the
 experts the evidence keeps are composed at their full weights, as a composition of exactly those experts.
 
+With `set_weights` (a set of experts S -> λ_S, chosen on validation prompts that need those skills together) the
+gates of a position whose kept set is exactly S are multiplied by λ_S:
+
+    g_i,t ← λ_S · g_i,t   where {j : g_j,t > 0} = S
+
+so that where the evidence keeps several experts they are composed at the weight a composition of those experts
+alone validates (the 2-expert composition at its validated λ), while a position that keeps any other set, one
+expert alone included, is left as it is. λ_S = 1 for every S leaves the gates unchanged.
+
 With `pool: max` (detectors only) each detector reads single tokens instead of the running mean, and an expert
 is kept from the first token that shows its skill on (an instruction "Answer in XML" at the end of a word problem
 is a few tokens of a long prompt, and its evidence would be averaged away):
@@ -71,11 +80,12 @@ class Router(torch.nn.Module):
 
     def __init__(self, centroids: torch.Tensor, tau: float, threshold: float,
                  detectors: tuple[torch.Tensor, torch.Tensor] | None = None, binary: bool = False, update: bool = True,
-                 pool: str = "mean"):
+                 pool: str = "mean", set_weights: tuple[torch.Tensor, torch.Tensor] | None = None):
         """`detectors`: None (cosine posteriors), or (v (k, d), o (k,)) of the discriminant scores; `binary`: a
         kept expert's gate is 1 instead of its evidence over the top one's; `update`: False holds the prompt's
         gates over the forwards that continue a cache; `pool` (ROUTING_POOLS): "max" scores each token with the
-        detectors and keeps each one's running maximum."""
+        detectors and keeps each one's running maximum; `set_weights`: None, or (sets (m, k) bool, λ (m,)), the
+        distinct kept sets whose gates are multiplied by their λ."""
         super().__init__()
         if pool not in ROUTING_POOLS or (pool == "max" and detectors is None):
             raise ValueError(f"routing.pool: expected one of {list(ROUTING_POOLS)} (max with detectors), got {pool!r}")
@@ -88,6 +98,9 @@ class Router(torch.nn.Module):
         if detectors is not None:
             self.register_buffer("detector_directions", detectors[0].to(centre.dtype), persistent=False)  # (k, d)
             self.register_buffer("detector_offsets", detectors[1].to(centre.dtype), persistent=False)  # (k,)
+        sets, weights = set_weights if set_weights is not None else (torch.zeros(0, len(centroids), dtype=torch.bool), torch.zeros(0))
+        self.register_buffer("sets", sets.bool(), persistent=False)  # (m, k)
+        self.register_buffer("set_weights", weights.float(), persistent=False)  # (m,)
 
     @classmethod
     def from_config(cls, routing: dict, experts: list[str], dtype=torch.float32) -> Router:
@@ -96,8 +109,11 @@ class Router(torch.nn.Module):
         if detectors is not None:
             detectors = (torch.tensor([detectors[e]["direction"] for e in experts], dtype=dtype),  # (k, d)
                          torch.tensor([detectors[e]["offset"] for e in experts], dtype=dtype))  # (k,)
+        named = routing.get("set_weights", [])
+        set_weights = (torch.tensor([[e in s["experts"] for e in experts] for s in named], dtype=torch.bool).view(len(named), len(experts)),  # (m, k)
+                       torch.tensor([s["weight"] for s in named], dtype=torch.float32))  # (m,)
         return cls(centroids, routing["tau"], routing["threshold"], detectors, routing["gates"] == "binary", routing["update"],
-                   routing["pool"])
+                   routing["pool"], set_weights)
 
     def posterior(self, means: torch.Tensor) -> torch.Tensor:
         """π (..., k) from mean hidden states (..., d)."""
@@ -113,8 +129,8 @@ class Router(torch.nn.Module):
         return self.scores(means).clamp(min=0) if self.discriminant else self.posterior(means)
 
     def gates(self, means: torch.Tensor) -> torch.Tensor:
-        """g (..., k) from mean hidden states (..., d): `threshold_gates` of the evidence."""
-        return threshold_gates(self.evidence(means), self.threshold, self.binary)
+        """g (..., k) from mean hidden states (..., d): `threshold_gates` of the evidence, scaled by `set_weights`."""
+        return scale_sets(threshold_gates(self.evidence(means), self.threshold, self.binary), self.sets, self.set_weights)
 
     def step_gates(self, hidden: torch.Tensor | None, mask: torch.Tensor | None, state: RouteState | None,
                    width: int) -> tuple[torch.Tensor, RouteState]:
@@ -134,7 +150,7 @@ class Router(torch.nn.Module):
             pooled, state = running_means(hidden, mask, state)  # (B, T, d)
         pooled = pooled[:, -width:]
         evidence = pooled.clamp(min=0) if self.pool == "max" else self.evidence(pooled)  # (B, width, k): maxima are z already
-        return threshold_gates(evidence, self.threshold, self.binary), state
+        return scale_sets(threshold_gates(evidence, self.threshold, self.binary), self.sets, self.set_weights), state
 
 
 def threshold_gates(evidence: torch.Tensor, threshold: float, binary: bool = False) -> torch.Tensor:
@@ -145,6 +161,15 @@ def threshold_gates(evidence: torch.Tensor, threshold: float, binary: bool = Fal
     if binary:
         return keep.float()
     return torch.where(keep, evidence / top.clamp(min=torch.finfo(evidence.dtype).tiny), torch.zeros_like(evidence)).float()
+
+
+def scale_sets(gates: torch.Tensor, sets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The gates (..., k) with each position whose kept set (gates > 0) is exactly sets[j] (m, k) multiplied by
+    weights[j] (m,); the sets are distinct, so at most one matches a position."""
+    if not len(sets):
+        return gates
+    match = ((gates > 0).unsqueeze(-2) == sets).all(-1).float()  # (..., m)
+    return gates * (1.0 + match @ (weights - 1.0)).unsqueeze(-1)  # (..., k)
 
 
 def running_means(hidden: torch.Tensor, mask: torch.Tensor | None, state: RouteState | None) -> tuple[torch.Tensor, RouteState]:
@@ -300,11 +325,13 @@ def with_floors(detectors: dict[str, dict], floors: dict[str, float]) -> dict[st
 
 def routing_config(states: dict[str, torch.Tensor | list[torch.Tensor]], tau: float = 0.1, threshold: float = 0.0,
                    score: str = "cosine", shrinkage: float = 1.0, gates: str = "scaled", update: bool = True,
-                   pool: str = "mean", floors: dict[str, float] | None = None) -> dict:
+                   pool: str = "mean", floors: dict[str, float] | None = None,
+                   set_weights: list[dict] | None = None) -> dict:
     """`CompositionConfig.routing` from each expert's prompts (`expert_prompt_states`: their means (n_i, d), or with
     `pool` "max" their token states): centroids, τ, θ, the gates' kind (ROUTING_GATES), whether decoding updates
-    them, the pooling, and with score "discriminant" the detectors (`discriminants`, `peak_detectors` with max),
-    each read less its expert's floor in `floors` (`with_floors`)."""
+    them, the pooling, with score "discriminant" the detectors (`discriminants`, `peak_detectors` with max),
+    each read less its expert's floor in `floors` (`with_floors`), and `set_weights` ([{"experts": [...],
+    "weight": λ_S}, ...]: the gates of a position that keeps exactly those experts times λ_S)."""
     if score not in ROUTING_SCORES:
         raise ValueError(f"routing score: expected one of {list(ROUTING_SCORES)}, got {score!r}")
     if pool not in ROUTING_POOLS or (pool == "max" and score != "discriminant"):
@@ -313,7 +340,7 @@ def routing_config(states: dict[str, torch.Tensor | list[torch.Tensor]], tau: fl
         raise ValueError("routing floors: need score discriminant (a floor is a detector's score)")
     flat = {n: torch.cat(m) if pool == "max" else m for n, m in states.items()}  # (N_i, d): prompts' means or tokens
     routing = {"centroids": {n: m.mean(0).tolist() for n, m in flat.items()}, "tau": tau, "threshold": threshold,
-               "gates": gates, "update": update, "pool": pool}
+               "gates": gates, "update": update, "pool": pool} | ({"set_weights": set_weights} if set_weights else {})
     if score == "cosine":
         return routing
     detectors = peak_detectors(states, shrinkage) if pool == "max" else discriminants(states, shrinkage)
@@ -322,12 +349,14 @@ def routing_config(states: dict[str, torch.Tensor | list[torch.Tensor]], tau: fl
 
 def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float = 0.1, threshold: float = 0.0,
                 batch_size: int = 8, score: str = "cosine", shrinkage: float = 1.0, gates: str = "scaled",
-                update: bool = True, pool: str = "mean", floors: dict[str, float] | None = None) -> None:
+                update: bool = True, pool: str = "mean", floors: dict[str, float] | None = None,
+                set_weights: list[dict] | None = None) -> None:
     """Route `composed` (a `ComposedModelForCausalLM`) by the hidden states of these prompts (expert name ->
     prompts of its skill, every composed expert), computed by its base with the adapters disabled: cosine
     posteriors of centroids, or (score "discriminant") per-expert detectors of the prompts' mean or (`pool`
     "max") of their tokens (each read less its expert's floor in `floors`), with `gates` "scaled" or "binary" (a
-    kept expert at its full weight), and `update` False to hold the prompt's gates while decoding; sets its
+    kept expert at its full weight), `update` False to hold the prompt's gates while decoding, and `set_weights`
+    ([{"experts": [...], "weight": λ_S}]: the gates where exactly those experts are kept times λ_S); sets its
     `composition.routing` (saved with it by `save_pretrained`)."""
     from contextlib import nullcontext
 
@@ -336,4 +365,4 @@ def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float =
     with composed.model.disable_adapter() if isinstance(composed.model, PeftModel) else nullcontext():
         states = expert_prompt_states(composed._hf_model, tokenizer, prompts, batch_size, pool)
     composed.composition = composed.composition.with_routing(
-        routing_config(states, tau, threshold, score, shrinkage, gates, update, pool, floors))
+        routing_config(states, tau, threshold, score, shrinkage, gates, update, pool, floors, set_weights))

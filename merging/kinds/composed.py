@@ -8,7 +8,8 @@ folder (one JSON object with a "prompt" string per line; the first `limit` are r
 discriminant` detects each expert on its own (`shrinkage` λ of the covariance) instead of the cosine
 posteriors; `pool: max` (with `score: discriminant`) detects each expert on single tokens, keeping each
 detector's maximum over the tokens so far; `floors` (expert -> score) holds an expert's detector to its own bar;
-`gates: binary` composes the kept experts at their full weights;
+`gates: binary` composes the kept experts at their full weights; `set_weights` (a list of {experts, weight})
+multiplies the gates where exactly those experts are kept by the weight (a pair's validated λ);
 `update: false` holds the prompt's gates while decoding; it then also sweeps `tau`, `threshold` or `shrinkage`.
 """
 
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from logitcomp.config import ROUTING_GATES, ROUTING_POOLS, ROUTING_SCORES, CompositionConfig
+from logitcomp.config import MAX_WEIGHT, ROUTING_GATES, ROUTING_POOLS, ROUTING_SCORES, CompositionConfig, check_set_weights
 from logitcomp.rules import get_rule
 
 from ..errors import not_a_number
@@ -43,6 +44,13 @@ def composition_config(compose: dict, weights: dict | None = None) -> Compositio
     return CompositionConfig(**compose, weights=dict(weights or {}))
 
 
+class SetWeight(Options):
+    """One kept set of experts and the factor of its gates (`logitcomp.routing`'s set_weights)."""
+
+    experts: list[str] = Field(min_length=1)
+    weight: float = Field(ge=-MAX_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
+
+
 class RouteOptions(Options):
     """Hidden-state routing of a composed row (`logitcomp.routing`)."""
 
@@ -56,6 +64,8 @@ class RouteOptions(Options):
     pool: Literal[ROUTING_POOLS] = "mean"  # the detectors read the mean hidden state so far, or each token (their maximum)
     # expert -> the detector score it needs to count as evidence (score discriminant; chosen on validation prompts)
     floors: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(default_factory=dict)
+    # where the gates keep exactly these experts, their gates times the weight (chosen on validation prompts)
+    set_weights: list[SetWeight] = Field(default_factory=list)
     limit: int = Field(default=200, ge=1)
 
 
@@ -100,6 +110,7 @@ class ComposedKind(Kind):
             for key in ("prompts", "floors"):
                 if unknown := sorted(set(route[key]) - set(row.experts)):
                     raise ValueError(f"route.{key}: {unknown[0]!r} is not an expert of this row; its experts are {list(row.experts)}")
+            route["set_weights"] = check_set_weights(route["set_weights"], list(row.experts), "route.set_weights")
         return replace(row, config=composition_config(options, row.weights), parameters={"route": route} if route else {})
 
     def check(self, rows: list[Variant], recipe, paths) -> None:
@@ -125,7 +136,7 @@ class ComposedKind(Kind):
             states = pool.prompt_states(_prompt_files(row, pool.paths), route["limit"], route["pool"])
             config = config.with_routing(routing_config(states, route["tau"], route["threshold"], route["score"],
                                                         route["shrinkage"], route["gates"], route["update"], route["pool"],
-                                                        route["floors"]))
+                                                        route["floors"], route["set_weights"]))
         yield ComposedModelForCausalLM(peft if peft is not None else pool.base(), list(row.experts), full, config, sources)
 
 

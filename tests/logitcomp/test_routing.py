@@ -116,6 +116,26 @@ def test_floors_raise_each_detectors_offset_and_binary_gates_at_theta_0_keep_exa
         routing_config(means, score="discriminant", floors={"d": 0.1})
 
 
+def test_set_weights_scale_the_gates_of_exactly_their_kept_set_and_weight_one_changes_nothing():
+    gen = torch.Generator().manual_seed(9)
+    means = {n: torch.randn(6, 4, generator=gen).double() + 2 * torch.eye(4)[i] for i, n in enumerate("abc")}
+    queries = torch.randn(40, 4, generator=gen).double()
+    sets = [{"experts": ["c", "a"], "weight": 1.5}, {"experts": ["c"], "weight": 0.5}]
+    for gates in ("binary", "scaled"):
+        plain = routing_config(means, score="discriminant", shrinkage=0.5, gates=gates)
+        g = Router.from_config(plain, list("abc"), dtype=torch.float64).gates(queries)  # (40, 3) without set weights
+        kept = [tuple(n for n, x in zip("abc", row) if x > 0) for row in g.tolist()]
+        assert {("a", "c"), ("c",)} <= set(kept) and len(set(kept)) > 2  # both sets occur, and others too
+        factor = torch.tensor([1.5 if k == ("a", "c") else 0.5 if k == ("c",) else 1.0 for k in kept], dtype=torch.float64)
+        scaled = Router.from_config(plain | {"set_weights": sets}, list("abc"), dtype=torch.float64)
+        _close(scaled.gates(queries), g * factor.unsqueeze(-1))  # the hand factor of each position's kept set
+        ones = [{"experts": s["experts"], "weight": 1.0} for s in sets]
+        assert torch.equal(Router.from_config(plain | {"set_weights": ones}, list("abc"), dtype=torch.float64).gates(queries), g)
+    assert routing_config(means, score="discriminant", set_weights=sets)["set_weights"] == sets  # passed on as given
+    checked = CompositionConfig(routing=routing_config(means, score="discriminant", set_weights=sets)).routing["set_weights"]
+    assert checked == [{"experts": ["a", "c"], "weight": 1.5}, {"experts": ["c"], "weight": 0.5}]  # in the centroids' order
+
+
 def test_discriminant_reductions_equal_evidence_one_expert_and_none():
     base, e1, e2 = _logp(3, seed=6), _logp(3, seed=7), _logp(3, seed=8)
     d = 2
@@ -300,7 +320,16 @@ def test_routing_is_validated_by_key_and_expert():
                              ({**good, "detectors": {"a": {"direction": [1.0, 0.0], "offset": "x"}, "b": {"direction": [0.0, 1.0], "offset": 0.0}}},
                               r"routing\.detectors\['a'\]\.offset: expected a finite number"),
                              ({**good, "detectors": {"a": {"direction": [1.0, 0.0]}, "b": {"direction": [0.0, 1.0], "offset": 0.0}}},
-                              r"routing\.detectors\['a'\]: expected a mapping with direction and offset")):
+                              r"routing\.detectors\['a'\]: expected a mapping with direction and offset"),
+                             ({**good, "set_weights": {"a": 1.0}}, r"routing\.set_weights: expected a list of \{experts: \[names\], weight: number\}"),
+                             ({**good, "set_weights": [{"experts": [], "weight": 1.0}]},
+                              r"routing\.set_weights\[0\]: expected a mapping with experts \(a non-empty list of names\) and weight"),
+                             ({**good, "set_weights": [{"experts": ["a", "c"], "weight": 1.0}]},
+                              r"routing\.set_weights\[0\]\.experts: 'c' is not a routed expert; expected names from \['a', 'b'\]"),
+                             ({**good, "set_weights": [{"experts": ["a", "b"], "weight": 1.0}, {"experts": ["b", "a"], "weight": 2.0}]},
+                              r"routing\.set_weights\[1\]\.experts: \['b', 'a'\] names an expert twice or a set named before"),
+                             ({**good, "set_weights": [{"experts": ["a"], "weight": float("inf")}]},
+                              r"routing\.set_weights\[0\]\.weight: expected a finite number in \[-1e6, 1e6\], got inf")):
         with pytest.raises(ValueError, match=message):
             CompositionConfig(routing=routing)
     with pytest.raises(ValueError, match=r"routing\.centroids: expected one centroid per composed expert \['a', 'c'\]; 'c'"):
@@ -411,14 +440,19 @@ def test_routed_decoding_and_chunked_scoring_give_the_one_forward_numbers(tiny, 
         _close(again(out.sequences, attention_mask=mask).logits, whole, tol=1e-5)
 
 
-@pytest.mark.parametrize("pool", ["mean", "max"])
-def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world, pool):
+SET_WEIGHTS = [{"experts": ["a", "b"], "weight": 1.5}, {"experts": ["a"], "weight": 0.5}, {"experts": ["b"], "weight": 2.0}]
+
+
+@pytest.mark.parametrize(("pool", "set_weights"), [("mean", []), ("max", []), ("max", SET_WEIGHTS)])
+def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world, pool, set_weights):
     """`update: false`: every decoding step composes with the gates of the prompt's mean hidden state (`pool: max`:
-    each detector's maximum over the prompt's tokens), computed by hand from separately loaded models; scoring the
-    finished sequence in one forward still routes by prefix."""
+    each detector's maximum over the prompt's tokens), computed by hand from separately loaded models, times the
+    weight of the prompt's kept set in `set_weights` (a factor for every set here); scoring the finished sequence
+    in one forward still routes by prefix."""
     tok, base, experts = world
     composed = _routed(tiny, tok, "max" if pool == "max" else "discriminant")
-    composed.composition = composed.composition.with_routing({**composed.composition.routing, "update": False})
+    composed.composition = composed.composition.with_routing({**composed.composition.routing, "update": False, "set_weights": set_weights})
+    factors = {tuple(s["experts"]): s["weight"] for s in set_weights}
     hand_tokens = {n: [_base_hidden(base, tok(p)["input_ids"]) for p in ROUTE_PROMPTS[n]] for n in ("a", "b")}
     if pool == "max":
         centroids = [torch.cat(hand_tokens[n]).mean(0) for n in ("a", "b")]
@@ -441,6 +475,7 @@ def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world, pool)
             assert not ties[-1]
         else:
             gates = _hand_discriminant_gates(hidden.mean(0, keepdim=True), centroids, detectors, 0.2)[0]  # (2,)
+        gates = gates * factors.get(tuple(n for n, g in zip("ab", gates) if g > 0), 1.0)
         lb = row_logprobs(base, ids)  # (T, V)
         total = lb + sum(w * gates[i] * (row_logprobs(experts[n], ids) - lb) for i, (n, w) in enumerate((("a", 1.0), ("b", 0.8))))
         _close(steps[row], torch.log_softmax(total, -1)[len(prompt) - 1:-1], tol=1e-4)

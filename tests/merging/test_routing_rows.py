@@ -17,6 +17,7 @@ from merging.recipe import Recipe
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"
 PROMPTS = {"a": ["ABAB>", "AAB>BA", "BAAB>"], "b": ["PQRS>", "SRQP>P", "QQ>RS"]}
+SETS = [{"experts": ["a", "b"], "weight": 1.5}, {"experts": ["a"], "weight": 0.7}, {"experts": ["b"], "weight": 1.2}]  # every kept set
 
 
 def _write_prompts(path: Path, prompts: list[str]) -> Path:
@@ -36,7 +37,7 @@ def test_routed_rows_sweep_tau_and_threshold_and_the_oracle_takes_its_experts_ro
                                              {"name": "o", "kind": "oracle", "tasks": {"val": "a", "test": "base"}}]))}
     assert rows["rt[threshold=0.5]"].parameters["route"] == {"prompts": {}, "tau": 0.2, "threshold": 0.5, "score": "cosine", "shrinkage": 1.0,
                                                            "gates": "scaled", "update": True, "pool": "mean", "floors": {},
-                                                           "limit": 200}
+                                                           "set_weights": [], "limit": 200}
     assert rows["rt[threshold=0.5]"].config.routing is None  # centroids are computed when the row's model is built
     assert rows["o"].parameters == {"tasks": {"val": "a", "test": "base"}}
     from merging.kinds import KINDS
@@ -61,6 +62,12 @@ def test_routed_rows_sweep_tau_and_threshold_and_the_oracle_takes_its_experts_ro
      r"route\.floors: 'b' is not an expert of this row"),
     ([{"name": "c", "kind": "composed", "route": {"score": "discriminant", "floors": {"a": "high"}}}], r"route\.floors\.a: Input should be a valid number"),
     ([{"name": "c", "kind": "composed", "route": {"score": "discriminant", "floors": {"a": float("inf")}}}], r"route\.floors\.a: Input should be a finite number"),
+    ([{"name": "c", "kind": "composed", "experts": ["a"], "route": {"set_weights": [{"experts": ["a", "b"], "weight": 1.25}]}}],
+     r"route\.set_weights\[0\]\.experts: 'b' is not a routed expert; expected names from \['a'\]"),
+    ([{"name": "c", "kind": "composed", "route": {"set_weights": [{"experts": ["a", "b"], "weight": "high"}]}}],
+     r"route\.set_weights\.0\.weight: Input should be a valid number"),
+    ([{"name": "c", "kind": "composed", "route": {"set_weights": [{"experts": [], "weight": 1.0}]}}],
+     r"route\.set_weights\.0\.experts: List should have at least 1 item"),
 ])
 def test_bad_routed_and_oracle_rows_are_refused_by_name(variants, message):
     with pytest.raises(ValueError, match=message):
@@ -85,7 +92,7 @@ def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tm
                             "sweep": {"tau": [0.05, 5.0]}},
                            {"name": "det", "kind": "composed", "route": {"prompts": {"a": "a_prompts.jsonl"}, "limit": 3, "threshold": 0.3,
                                                                           "score": "discriminant", "shrinkage": 0.5, "gates": "binary",
-                                                                          "floors": {"a": 0.2}}},
+                                                                          "floors": {"a": 0.2}, "set_weights": SETS}},
                            {"name": "peak", "kind": "composed", "route": {"prompts": {"a": "a_prompts.jsonl"}, "limit": 3, "threshold": 0.3,
                                                                            "score": "discriminant", "pool": "max", "update": False}},
                            {"name": "oracle", "kind": "oracle", "tasks": {"smol_text": "a", "toy_a2b_c2d": "b"}}],
@@ -102,8 +109,10 @@ def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tm
         assert math.isclose(got, bits_per_byte(composed, tok), rel_tol=1e-5), (tau, got)
     assert results["rt[tau=0.05]"]["smol_text"] != results["rt[tau=5]"]["smol_text"]  # τ changes the model
     composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"], "b": b})
-    fit_routing(composed, tok, PROMPTS, threshold=0.3, score="discriminant", shrinkage=0.5, gates="binary", floors={"a": 0.2})
+    fit_routing(composed, tok, PROMPTS, threshold=0.3, score="discriminant", shrinkage=0.5, gates="binary", floors={"a": 0.2}, set_weights=SETS)
     assert math.isclose(results["det"]["smol_text"]["bits_per_byte,none"], bits_per_byte(composed, tok), rel_tol=1e-5)
+    composed.composition = composed.composition.with_routing({**composed.composition.routing, "set_weights": []})
+    assert not math.isclose(results["det"]["smol_text"]["bits_per_byte,none"], bits_per_byte(composed, tok), rel_tol=1e-3)  # they matter
     composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"], "b": b})
     fit_routing(composed, tok, PROMPTS, threshold=0.3, score="discriminant", pool="max", update=False)
     assert math.isclose(results["peak"]["smol_text"]["bits_per_byte,none"], bits_per_byte(composed, tok), rel_tol=1e-5)
