@@ -120,3 +120,29 @@ def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tm
 
     (b / "prompts.jsonl").unlink()  # a default prompts file that is not there: refused before any model loads
     assert main(["validate", str(path)]) == 2
+
+
+def test_same_text_counts_identical_generations_and_wins_from_the_latest_samples(tmp_path, capsys):
+    """scripts/same_text.py on hand-made lm-eval outputs: identical texts and per-metric wins per generation task,
+    the latest samples file of a task only, log-likelihood tasks left out, rows with brackets in their names."""
+    import same_text
+
+    def write(row: str, stamp: str, task: str, docs: list[tuple[str, float]], kind: str = "generate_until"):
+        folder = tmp_path / "run" / "lm_eval" / row / "model"
+        folder.mkdir(parents=True, exist_ok=True)
+        results = folder / f"results_{stamp}.json"  # one per evaluation, every task's config in it
+        configs = json.loads(results.read_text())["configs"] if results.exists() else {}
+        results.write_text(json.dumps({"configs": configs | {task: {"output_type": kind}}}))
+        (folder / f"samples_{task}_{stamp}.jsonl").write_text(
+            "".join(json.dumps({"doc_id": i, "resps": [[t]], "acc": a}) + "\n" for i, (t, a) in enumerate(docs)))
+
+    write("a", "2026-01-01T00", "gen", [("x", 0.0), ("y", 0.0), ("z", 0.0)])  # replaced by the later file below
+    write("a", "2026-01-02T00", "gen", [("x", 1.0), ("y", 0.0), ("w", 1.0), ("v", 0.0)])
+    write("a", "2026-01-02T00", "text", [("-1.5", 0.0)], kind="loglikelihood_rolling")
+    write("b[lambda=1.25]", "2026-01-01T00", "gen", [("x", 1.0), ("q", 1.0), ("w", 0.0)])
+    write("b[lambda=1.25]", "2026-01-01T00", "text", [("-1.5", 0.0)], kind="loglikelihood_rolling")
+    a, b = same_text.samples(tmp_path / "run" / "a"), same_text.samples(tmp_path / "run" / "b[lambda=1.25]")
+    assert set(a) == set(b) == {"gen"}
+    assert same_text.compare(a["gen"], b["gen"]) == {"documents": 3, "identical": 2, "metrics": {"acc": (1, 1)}}
+    same_text.main([str(tmp_path / "run" / "a"), str(tmp_path / "run" / "b[lambda=1.25]")])
+    assert "| gen | 3 | 2 | acc: 1 / 1 |" in capsys.readouterr().out
