@@ -444,7 +444,7 @@ SET_WEIGHTS = [{"experts": ["a", "b"], "weight": 1.5}, {"experts": ["a"], "weigh
 
 
 @pytest.mark.parametrize(("pool", "set_weights"), [("mean", []), ("max", []), ("max", SET_WEIGHTS)])
-def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world, pool, set_weights):
+def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world, tmp_path, pool, set_weights):
     """`update: false`: every decoding step composes with the gates of the prompt's mean hidden state (`pool: max`:
     each detector's maximum over the prompt's tokens), computed by hand from separately loaded models, times the
     weight of the prompt's kept set in `set_weights` (a factor for every set here); scoring the finished sequence
@@ -483,3 +483,8 @@ def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world, pool,
     with torch.no_grad():
         scored = composed(out.sequences, attention_mask=mask).logits[:, -new - 1:-1]  # (B, new, V): routed by prefix
     assert (scored - steps).abs().max() > 1e-3  # the held gates are not the running ones
+    composed.save_pretrained(tmp_path / "routed")  # the set weights travel in composition.json
+    again = ComposedModelForCausalLM.from_pretrained(tmp_path / "routed")
+    assert again.composition.routing.get("set_weights", []) == set_weights
+    _close(torch.stack(again.generate(**batch, max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                                      pad_token_id=tok.pad_token_id, eos_token_id=None).logits, 1), steps, tol=1e-5)
