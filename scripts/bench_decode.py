@@ -28,7 +28,8 @@ routed per position (logitcomp/routing.py) by random centroids (and detectors; `
 max`) that keep every expert's gate above 0, so each step pays for the routing (the base rows' hidden states,
 the running means or maxima, the gates, the gated composition) and composes every expert; `held`: the setting of
 the floors rows (token-level detectors, binary gates held from the prompt, `update: false`; floors are offsets of
-the detectors and cost nothing). Reported beside the unrouted `composed`.
+the detectors and cost nothing) with the floors_sets rows' set weight (one set, matched at every position, so its
+factor is computed at every step). Reported beside the unrouted `composed`.
 
 `--generate` measures the path users decode through instead: transformers' `generate` (greedy,
 `min_new_tokens` = `max_new_tokens`, so every row decodes the same number of steps), as lm-eval
@@ -201,8 +202,8 @@ def composition_of(setup: str, root: Path, args):
     if score in ("discriminant", "max", "held"):  # z = 1 for every expert at every position
         routing["detectors"] = {n: {"direction": [0.0] * hidden, "offset": -1.0} for n in names}
         routing["pool"] = "mean" if score == "discriminant" else "max"
-    if score == "held":
-        routing.update(gates="binary", update=False)
+    if score == "held":  # with a set weight that every position's kept set (all experts) matches: the factor is applied
+        routing.update(gates="binary", update=False, set_weights=[{"experts": names, "weight": 1.0}])
     return config.with_routing(routing)
 
 
