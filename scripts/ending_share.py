@@ -16,6 +16,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from merging.harness.evaluate import SAMPLES
+
 
 def ended(samples: Path, tok, limit: int) -> tuple[int, int]:
     """(ended, total) generations of one samples file."""
@@ -41,7 +43,8 @@ def main(argv=None) -> None:
         for task, config in configs.items():
             if config.get("output_type") != "generate_until":
                 continue
-            samples = next(results.parent.glob(f"samples_{task}_*.jsonl"))
+            # SAMPLES, not a glob of samples_TASK_*: that would also take smol_math_xml's for smol_math
+            samples = next(p for p in results.parent.glob("samples_*.jsonl") if (m := SAMPLES.fullmatch(p.name)) and m[1] == task)
             table.setdefault(row, {})[task] = ended(samples, tok, config["generation_kwargs"]["max_gen_toks"])
             tasks = sorted(set(tasks) | {task})
     print(f"| row | {' | '.join(tasks)} | all |\n|---|{'---|' * (len(tasks) + 1)}")

@@ -16,6 +16,8 @@ import glob
 import json
 from pathlib import Path
 
+from merging.harness.evaluate import SAMPLES
+
 
 def samples(row: Path) -> dict[str, dict[int, dict]]:
     """Generation task -> doc_id -> that document's sample, from the latest samples file of each task under
@@ -29,7 +31,7 @@ def samples(row: Path) -> dict[str, dict[int, dict]]:
         configs |= json.loads(Path(results).read_text())["configs"]
     out = {}
     for f in files:  # sorted by the timestamp that ends each name: a later file of a task replaces an earlier one
-        task = Path(f).name[len("samples_"):].rsplit("_", 1)[0]
+        task = SAMPLES.fullmatch(Path(f).name)[1]
         if configs.get(task, {}).get("output_type") == "generate_until":
             out[task] = {s["doc_id"]: s for s in map(json.loads, Path(f).read_text().splitlines())}
     return out

@@ -146,3 +146,20 @@ def test_same_text_counts_identical_generations_and_wins_from_the_latest_samples
     assert same_text.compare(a["gen"], b["gen"]) == {"documents": 3, "identical": 2, "metrics": {"acc": (1, 1)}}
     same_text.main([str(tmp_path / "run" / "a"), str(tmp_path / "run" / "b[lambda=1.25]")])
     assert "| gen | 3 | 2 | acc: 1 / 1 |" in capsys.readouterr().out
+
+
+def test_ending_share_reads_each_tasks_own_samples(tiny, tmp_path, capsys):
+    """scripts/ending_share.py on hand-made lm-eval outputs where one task's name starts another's (gen, gen_x): each
+    task's share comes from its own samples file (a glob of samples_gen_* would also take gen_x's)."""
+    import ending_share
+
+    folder = tmp_path / "run" / "lm_eval" / "row" / "model"
+    folder.mkdir(parents=True)
+    limit = {"gen": 8, "gen_x": 8}
+    (folder / "results_2026-01-01T00.json").write_text(json.dumps({"configs": {
+        t: {"output_type": "generate_until", "generation_kwargs": {"max_gen_toks": n}} for t, n in limit.items()}}))
+    texts = {"gen_x": ["A" * 40] * 3, "gen": ["AB", "AB", "A" * 40, "AB"]}  # gen_x: none ends; gen: 3 of 4 (tiny tokenizer: a char a token)
+    for task, rows in texts.items():  # gen_x first: a directory listing that puts it first is what the glob got wrong
+        (folder / f"samples_{task}_2026-01-01T00.jsonl").write_text("".join(json.dumps({"resps": [[t]]}) + "\n" for t in rows))
+    ending_share.main([str(tmp_path / "run"), str(tiny.base)])
+    assert "| row | 0.750 | 0.000 | 0.429 |" in capsys.readouterr().out
