@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .smol import WRAPPED
+from .smol import CONTENTS, WRAPPED
 
 
 def add_tasks_command(world_commands, help_text: str, world_package) -> None:
@@ -27,8 +27,11 @@ def add_train_command(world_commands, wrapped: str = "base") -> None:
     train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
     train.add_argument("--wrapped", choices=WRAPPED, default=wrapped,
                        help="a format expert (json, xml, polite) on the content it wraps: pulled toward the base's own next tokens, "
-                            "or trained like any answer (for a base that does not answer the request by itself); "
+                            "the same but its first token scored (first), or trained like any answer (for a base that does not answer the request by itself); "
                             f"default here: {wrapped}")
+    train.add_argument("--contents", choices=CONTENTS, default="one",
+                       help="a style expert's (and a multitask reference's) style answers: one sentence each, or one to three "
+                            "(varied: a sign-off or closing tag is not learned to follow the first period)")
     train.set_defaults(func=_train)
 
 
@@ -36,7 +39,7 @@ def _train(args) -> int:
     from .smol.train import train_smol_experts
 
     for name, meta, reused in train_smol_experts(Path(args.dir), args.experts.split(","), args.steps, args.seed, args.force,
-                                                 args.wrapped):
+                                                 args.wrapped, args.contents):
         if reused:
             print(f"{name}: already trained in {Path(args.dir) / 'experts' / name} (pass --force to train again)")
         print(f"{name}: {meta['config']['steps']} steps in {meta['train_seconds']:.0f} s, final loss {meta['final_loss']}")

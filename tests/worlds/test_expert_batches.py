@@ -69,6 +69,26 @@ def test_a_formats_content_is_fed_unscored_and_trained_toward_the_base(tmp_path)
     assert abs(loss - (ce + kl).item()) < 1e-5, (loss, ce.item(), kl.item())
 
 
+def test_score_first_scores_the_contents_first_token_and_leaves_every_other_position_as_it_was():
+    """wrapped="first": the wrapped content's first token is scored (its label, not marked like the base); the rest
+    of the content, the format's tokens and a pair without a format are as without it."""
+    import torch
+
+    tok = make_tokenizer()
+    pairs = [("Q: x\nA:", " [hi]", (2, 4)), ("Q: y\nA:", " ok")]
+    plain = make_batch(tok, pairs, random.Random(0), 2)
+    first = make_batch(tok, pairs, random.Random(0), 2, score_first=True)
+    row = next(r for r in range(2) if plain[3][r].any())  # the format pair's row
+    h = len(tok("Q: x\nA:").input_ids) - 1 + 2  # the position that predicts "h", the content's first character
+    assert plain[1][row, h] == -100 and plain[3][row, h]
+    assert first[1][row, h] == tok.convert_tokens_to_ids("h") and not first[3][row, h]
+    assert first[3][row].sum() == plain[3][row].sum() - 1 == 1  # "i" is still trained toward the base
+    changed = torch.zeros_like(plain[3])
+    changed[row, h] = True
+    assert torch.equal(first[0], plain[0]) and torch.equal(first[2], plain[2])
+    assert torch.equal(first[1][~changed], plain[1][~changed]) and torch.equal(first[3][~changed], plain[3][~changed])
+
+
 def test_an_expert_folder_gets_a_seeded_sample_of_its_distinct_training_prompts(tmp_path):
     """prompts.jsonl (what routed compositions fit their centroids on): distinct training prompts, at most
     ROUTE_PROMPTS, the same sample for the same seed, readable by the recipe side's reader."""
@@ -120,6 +140,7 @@ def test_an_expert_trained_before_wrapped_existed_is_reused_unless_its_format_ch
     assert next(train_smol_experts(tmp_path, ["math"], wrapped="scored"))[1:] == ({"expert": "math", "config": old}, True)
     assert next(train_smol_experts(tmp_path, ["xml"], wrapped="base"))[2] is True
     assert next(train_smol_experts(tmp_path, ["xml"], wrapped="scored"))[1:] == ({"trained": "scored"}, False)
+    assert next(train_smol_experts(tmp_path, ["xml"], wrapped="first"))[1:] == ({"trained": "first"}, False)
     with pytest.raises(ValueError, match="--wrapped"):
         next(train_smol_experts(tmp_path, ["math"], wrapped="content"))
 
@@ -131,3 +152,69 @@ def test_each_worlds_train_command_has_its_own_wrapped_default():
     parse = build_parser().parse_args
     assert parse(["smol", "train", "w"]).wrapped == "base" and parse(["gemma", "train", "w"]).wrapped == "scored"
     assert parse(["smol", "train", "w", "--wrapped", "scored"]).wrapped == "scored"
+
+
+def test_varied_contents_extend_half_the_answers_with_other_functions_sentences_and_keep_every_draw_of_one():
+    """contents="varied": the same requests in the same forms; about half of the answers go on with one or two more
+    function sentences (a repeat request quotes them all, a function question names every function, a continued
+    sentence runs on into them); "one" is the data the shipped experts were trained on; a bad value is refused."""
+    from merging.worlds.smol.styles import function_sentences, style_pairs, style_requests
+
+    one, varied = style_requests(0), style_requests(0, "varied")
+    found = set(function_sentences())  # (module.function, sentence)
+    sentences = {s for _, s in found}
+
+    def split(rest: str) -> list[str]:  # rest as one or two function sentences joined by a space, or [] if it is not
+        return next(([a] if rest == a else [a, rest[len(a) + 1:]] for a in sentences
+                     if rest == a or (rest.startswith(a + " ") and rest[len(a) + 1:] in sentences)), [])
+
+    assert len(one) == len(varied) == len(found)
+    longer = 0
+    for (request, answer), (request_v, answer_v) in zip(one, varied):
+        if answer_v == answer:
+            assert request_v == request
+            continue
+        longer += 1
+        assert answer_v.startswith(answer + " ")
+        extra = split(answer_v[len(answer) + 1:])
+        assert extra
+        if request.startswith("Repeat"):
+            assert request_v == f"Repeat these sentences: {answer_v}"
+        elif request.startswith("What"):
+            names = request_v.removeprefix("What do the Python functions ").removesuffix(" do?").split(" and ")
+            assert request_v.startswith("What do the Python functions ") and names[0] in request
+            assert len(names) == 1 + len(extra) and all((n, e) in found for n, e in zip(names[1:], extra))
+        else:
+            assert request_v.removeprefix("Continue this text: ") == request.removeprefix("Continue this sentence: ")
+    assert 0.4 < longer / len(one) < 0.6
+    assert [p[:2] for p in style_pairs("xml", 0, "varied")] == [(f"Question: Answer in XML: {r}\nAnswer:", f" <answer>{a}</answer>") for r, a in varied]
+    with pytest.raises(ValueError, match="^contents: expected one of"):
+        style_requests(0, "many")
+
+
+def test_contents_apply_to_the_style_experts_and_the_multitask_references_only(tmp_path, monkeypatch):
+    """expert_pairs: "varied" changes a style expert's and a multitask reference's pairs, not math's; the configuration
+    keeps "one" for an expert it does not apply to, a train.json without `contents` was trained on "one", and a bad
+    value is refused before training."""
+    import json
+
+    from merging.worlds.smol import train
+    from merging.worlds.smol.train import STYLED, expert_pairs, train_smol_experts
+
+    assert expert_pairs("math", 0, contents="varied") == expert_pairs("math", 0)
+    assert expert_pairs("polite", 0, contents="varied") != expert_pairs("polite", 0)
+    mt = expert_pairs("mt_math_polite", 0, "scored", "varied")
+    assert mt == expert_pairs("math", 0) + expert_pairs("polite", 0, "scored", "varied")
+    assert STYLED == {"shout", "json", "xml", "polite", "mt_math_shout", "mt_math_json", "mt_math_xml", "mt_math_polite", "mt_shout_xml"}
+
+    monkeypatch.setattr(train, "train_smol_expert", lambda root, name, config: {"trained": config.contents})
+    old = {"steps": 150, "batch_size": 8, "lr": 1e-3, "rank": 8, "seed": 0, "wrapped": "base"}
+    for name in ("math", "polite"):
+        (tmp_path / "experts" / name).mkdir(parents=True)
+        (tmp_path / "experts" / name / "train.json").write_text(json.dumps({"expert": name, "config": old}))
+        (tmp_path / "experts" / name / "prompts.jsonl").write_text("")
+    assert next(train_smol_experts(tmp_path, ["math"], contents="varied"))[2] is True
+    assert next(train_smol_experts(tmp_path, ["polite"]))[2] is True
+    assert next(train_smol_experts(tmp_path, ["polite"], contents="varied"))[1:] == ({"trained": "varied"}, False)
+    with pytest.raises(ValueError, match="^--contents: expected one of"):
+        next(train_smol_experts(tmp_path, ["math"], contents="many"))

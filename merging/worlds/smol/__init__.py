@@ -10,6 +10,8 @@ from logitcomp.lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {".data": ("write_task_files",)})
 
 # what a format expert learns on the content it wraps (`train --wrapped`, merging.worlds.smol.styles): toward the
-# base's own next tokens (a base that answers the request by itself: an instruction-tuned model), or the content
-# trained like any answer (a base that does not); here, torch-free, for the command line
-WRAPPED = ("base", "scored")
+# base's own next tokens (a base that answers the request by itself: an instruction-tuned model); the same with the
+# content's first token scored ("first": the content starts right after the opening, where such a base would start a
+# new line); or the content trained like any answer (a base that does not); here, torch-free, for the command line
+WRAPPED = ("base", "first", "scored")
+CONTENTS = ("one", "varied")  # what a style expert's answers hold: one sentence, or one to three (styles.style_requests)

@@ -27,6 +27,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import CONTENTS
 from .data import TEXT_MODULES, _paragraphs
 
 
@@ -71,30 +72,41 @@ def function_sentences() -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def style_requests(seed: int = 0) -> list[tuple[str, str]]:
-    """(request, plain answer): each function sentence once, as one of three requests chosen by a seeded draw."""
-    rng = random.Random(f"{seed}:style")
+def style_requests(seed: int = 0, contents: str = "one") -> list[tuple[str, str]]:
+    """(request, plain answer): each function sentence once, as one of three requests chosen by a seeded draw.
+
+    contents="varied" (CONTENTS): half of the requests, by a second seeded draw, take one or two more sentences of other
+    functions (repeat these sentences; what do these functions do; continue a text that goes on past the sentence), so
+    that the answer does not always end at its first period: a style expert then does not learn that a sign-off or a
+    closing tag comes after one sentence, where another expert's answer may have several."""
+    if contents not in CONTENTS:
+        raise ValueError(f"contents: expected one of {CONTENTS}, got {contents!r}")
+    rng, more = random.Random(f"{seed}:style"), random.Random(f"{seed}:contents")
+    found = function_sentences()
     requests = []
-    for qualified, sentence in function_sentences():
+    for qualified, sentence in found:
         words = sentence.split()
         form = rng.randrange(3)
+        extra = more.sample(found, more.randint(1, 2)) if contents == "varied" and more.random() < 0.5 else []
+        names = " and ".join([qualified, *(q for q, _ in extra)])
+        answer = " ".join([sentence, *(s for _, s in extra)])
         if form == 0:
-            requests.append((f"Repeat this sentence: {sentence}", sentence))
+            requests.append((f"Repeat {'these sentences' if extra else 'this sentence'}: {answer}", answer))
         elif form == 1:
-            requests.append((f"What does the Python function {qualified} do?", sentence))
+            requests.append((f"What {'do the Python functions' if extra else 'does the Python function'} {names} do?", answer))
         else:
             cut = max(2, len(words) // 2)
-            requests.append((f"Continue this sentence: {' '.join(words[:cut])}", " ".join(words[cut:])))
+            requests.append((f"Continue this {'text' if extra else 'sentence'}: {' '.join(words[:cut])}", " ".join(answer.split()[cut:])))
     return requests
 
 
-def style_pairs(style: str, seed: int = 0) -> list[tuple]:
+def style_pairs(style: str, seed: int = 0, contents: str = "one") -> list[tuple]:
     """Training pairs (prompt, answer with its leading space) of style expert `style`; a format's pairs
     also hold the (start, end) characters of the wrapped content, which training does not score."""
     render = STYLES[style].render
     empty = render("")  # the format around nothing: what a rendered answer shares with it is the format
     pairs = []
-    for request, plain in style_requests(seed):
+    for request, plain in style_requests(seed, contents):
         rendered = render(plain)
         if STYLES[style].wraps:
             start = len(os.path.commonprefix([empty, rendered]))
