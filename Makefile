@@ -60,7 +60,8 @@ gemma: $(STAMP)
 
 # Two skills in one answer (docs/two-skill.md): the math expert, the shout, json and xml style experts and
 # the multitask LoRAs, then recipes/smol-two-skill.yaml, smol-two-skill-xml.yaml, smol-two-skill-styles.yaml (a probe;
-# its style experts in smol_styles) and smol-two-skill-polite.yaml (seed 1, smol_world_seed1; gemma: recipes/gemma3-two-skill.yaml,
+# its style experts in smol_styles), smol-two-skill-polite.yaml (seed 1, smol_world_seed1) and smol-two-skill-xml-first.yaml
+# (the xml expert and its multitask LoRA with the content's first token scored, in smol_first; gemma: recipes/gemma3-two-skill.yaml,
 # gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml, gemma3-two-skill-polite.yaml).
 TWO_SKILL_EXPERTS := math,json,mt_math_json
 smol-two-skill: $(STAMP)
@@ -75,6 +76,9 @@ smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world_seed1
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world_seed1 --experts math,polite,mt_math_polite --seed 1
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-polite.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_first
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_first --experts xml,mt_math_xml --wrapped first
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-xml-first.yaml
 
 gemma-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
@@ -85,4 +89,4 @@ gemma-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-polite.yaml
 
 clean:
-	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world smol_world_seed1 smol_styles gemma_world .pytest_cache
+	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world smol_world_seed1 smol_styles smol_first gemma_world .pytest_cache
