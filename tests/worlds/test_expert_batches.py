@@ -218,3 +218,23 @@ def test_contents_apply_to_the_style_experts_and_the_multitask_references_only(t
     assert next(train_smol_experts(tmp_path, ["polite"], contents="varied"))[1:] == ({"trained": "varied"}, False)
     with pytest.raises(ValueError, match="^--contents: expected one of"):
         next(train_smol_experts(tmp_path, ["math"], contents="many"))
+
+
+def test_train_smol_expert_scores_the_first_content_token_only_when_wrapped_first(tmp_path, monkeypatch):
+    """train_smol_expert asks make_batch for the first content token's score exactly when `wrapped` is "first", and
+    keeps the choice (and `contents`) in the expert's train.json."""
+    import json
+
+    from common import make_tiny_llama
+    from merging.worlds.smol import train
+    from merging.worlds.smol.train import SmolExpertConfig
+
+    make_tiny_llama(tmp_path / "base")
+    seen, real = [], train.make_batch
+    monkeypatch.setattr(train, "make_batch", lambda *a, **k: seen.append(k["score_first"]) or real(*a, **k))
+    monkeypatch.setattr(train, "train_loop", lambda model, batch, steps, lr, desc: (batch(), 0.0)[1])
+    for wrapped in ("base", "first", "scored"):
+        train.train_smol_expert(tmp_path, "xml", SmolExpertConfig(steps=1, batch_size=1, wrapped=wrapped, contents="varied"))
+        config = json.loads((tmp_path / "experts" / "xml" / "train.json").read_text())["config"]
+        assert (config["wrapped"], config["contents"]) == (wrapped, "varied")
+    assert seen == [False, True, False]
