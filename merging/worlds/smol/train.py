@@ -23,9 +23,9 @@ from logitcomp.io import atomic_dir
 from logitcomp.loading import save_adapter
 
 from ..common import LORA_TARGETS, pad_right, train_loop, write_prompts
-from . import WRAPPED
+from . import CONTENTS, WRAPPED
 from .data import code_tasks, math_problems, math_prompt
-from .styles import CONTENTS, STYLES, style_pairs
+from .styles import STYLES, style_pairs
 
 
 def _math_pairs(seed: int) -> list[tuple[str, str]]:
