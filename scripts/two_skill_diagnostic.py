@@ -2,6 +2,7 @@
 
     python scripts/two_skill_diagnostic.py smol_world          # or gemma_world; about a minute
     python scripts/two_skill_diagnostic.py gemma_world --families math+xml,shout+xml
+    python scripts/two_skill_diagnostic.py smol_world --families math+xml --expert xml=smol_first/experts/xml
 
 For each family (math + shout, math + json, math + xml, shout + xml) it composes the two experts (weights 1), merges
 them as one exact LoRA (task arithmetic, weights 1) and runs `bridge.compare` on the first DOCS documents of the
@@ -10,7 +11,9 @@ object or in an XML element; the sentence in capitals inside an XML element), sc
 the positions that predict answer tokens: `overlap` is the share of those positions where both experts are
 active (KL(p_i ‖ p_b) > 0.1 nats), with each expert's mean activity and the mean KL(p̂ ‖ p_merge). The
 product rule composes where the experts act on different tokens (low overlap); where both act on one
-token they must agree on it. Prints a markdown table and writes WORLD/two_skill_diagnostic.json.
+token they must agree on it. `--expert NAME=DIR` takes that expert from DIR instead of WORLD/experts/NAME (one
+trained apart, e.g. with another `--wrapped`). Prints a markdown table and writes WORLD/two_skill_diagnostic.json
+(with the expert folders it used).
 """
 
 from __future__ import annotations
@@ -55,28 +58,45 @@ def reference_pairs(family: str) -> list[tuple[str, str]]:
             for d in read_jsonl(TASKS / "shout_val.jsonl")[:DOCS]]
 
 
-def family_summary(root: Path, family: str, threshold: float) -> dict:
-    """bridge.compare's summary of the family's two experts on its reference answers."""
+def family_summary(root: Path, family: str, threshold: float, chosen: dict[str, Path]) -> dict:
+    """bridge.compare's summary of the family's two experts (WORLD/experts/NAME unless chosen) on its reference answers."""
     tokenizer = AutoTokenizer.from_pretrained(root / "base")
-    paths = {n: root / "experts" / n for n in FAMILIES[family]}
+    paths = {n: chosen.get(n, root / "experts" / n) for n in FAMILIES[family]}
     composed = ComposedModelForCausalLM.from_experts(root / "base", paths)
     batch, score = _answer_batch(tokenizer, reference_pairs(family))
     with tempfile.TemporaryDirectory() as tmp:
         merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(root / "base"),
                                            merge_as_lora(root / "base", paths, Path(tmp) / "merged")).eval()
-        return compare(composed, merged, batch, threshold=threshold, score=score).summary()
+        summary = compare(composed, merged, batch, threshold=threshold, score=score).summary()
+    return {**summary, "experts": {n: str(p) for n, p in paths.items()}}
+
+
+def expert_dirs(values: list[str], parser: argparse.ArgumentParser) -> dict[str, Path]:
+    """--expert NAME=DIR values as {NAME: DIR}; each DIR must hold a LoRA adapter."""
+    chosen = {}
+    for value in values:
+        name, sep, folder = value.partition("=")
+        if not sep or not (Path(folder) / "adapter_config.json").is_file():
+            parser.error(f"--expert: expected NAME=DIR with DIR/adapter_config.json, got {value!r}")
+        chosen[name] = Path(folder)
+    return chosen
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("world", type=Path, help="a smol or gemma world with the experts of each family of --families")
     parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, from {', '.join(FAMILIES)} (default: all)")
+    parser.add_argument("--expert", action="append", default=[], metavar="NAME=DIR",
+                        help="take expert NAME from DIR instead of WORLD/experts/NAME (repeatable)")
     parser.add_argument("--threshold", type=float, default=0.1, help="nats of KL(p_i ‖ p_b) for an expert to count as active")
     args = parser.parse_args(argv)
     families = args.families.split(",")
     if unknown := [f for f in families if f not in FAMILIES]:
         parser.error(f"--families: expected names from {', '.join(FAMILIES)}, got {', '.join(unknown)}")
-    summaries = {f: family_summary(args.world, f, args.threshold) for f in families}
+    chosen = expert_dirs(args.expert, parser)
+    if unused := sorted(set(chosen) - {n for f in families for n in FAMILIES[f]}):
+        parser.error(f"--expert: {', '.join(unused)} is in none of the families {', '.join(families)}")
+    summaries = {f: family_summary(args.world, f, args.threshold, chosen) for f in families}
     lines = ["| family | answer tokens | overlap | first expert's activity | second's | KL(composed ‖ merged) | argmax agreement |",
              "|---|---|---|---|---|---|---|"]
     for family, s in summaries.items():

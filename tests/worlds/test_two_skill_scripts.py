@@ -1,0 +1,58 @@
+"""scripts/two_skill_seeds.py against a hand computation; scripts/two_skill_diagnostic.py's refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+
+def _run(folder, chosen_lambda: str, scores: dict[str, float], n: int = 50):
+    """A results.json of one seed: `scores` maps variant -> flexible on smol_math_polite over n documents."""
+    folder.mkdir()
+    results = {v: {"smol_math_polite": {"sample_len": n, "flexible,none": m}} for v, m in scores.items()}
+    recipe = {"variants": ["experts", {"name": "composed", "kind": "composed"}, {"name": "ta", "kind": "merged"}]}
+    selection = {"chosen": {"composed": {"variant": f"composed[lambda={chosen_lambda}]"},
+                            "ta": {"variant": "ta[lambda=0.5]"}}}
+    (folder / "results.json").write_text(json.dumps({"recipe": recipe, "selection": selection, "results": results}))
+    return folder
+
+
+def test_seeds_pool_each_row_at_its_validated_lambda(tmp_path):
+    import two_skill_seeds as ts
+
+    a = _run(tmp_path / "s0", "1", {"math": 0.0, "polite": 0.02, "composed[lambda=1]": 0.3, "composed[lambda=1.5]": 0.9,
+                                    "ta[lambda=0.5]": 0.1, "ta[lambda=1]": 0.8})
+    b = _run(tmp_path / "s1", "1.5", {"math": 0.0, "polite": 0.06, "composed[lambda=1]": 0.9, "composed[lambda=1.5]": 0.2,
+                                      "ta[lambda=0.5]": 0.04, "ta[lambda=1]": 0.9, "extra": 0.5}, n=40)
+    out = ts.table("smol_math_polite", "flexible", [a, b]).splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out[2:] if line.startswith("| ")}
+    assert list(rows) == ["math", "polite", "composed", "ta"]
+    # composed: 0.3 on 50 (λ 1 chosen at s0) and 0.2 on 40 (λ 1.5 at s1): 23 of 90
+    p, se = 23 / 90, math.sqrt(23 / 90 * (1 - 23 / 90) / 89)
+    assert rows["composed"][1:3] == ["0.300 ([lambda=1])", "0.200 ([lambda=1.5])"]
+    assert rows["composed"][3] == f"{p:.3f} ± {se:.3f} (90)"
+    q = (0.1 * 50 + 0.04 * 40) / 90  # ta at λ 0.5 at both seeds
+    se_q = math.sqrt(q * (1 - q) / 89)
+    assert rows["ta"][4] == f"{(p - q) / math.hypot(se, se_q):.1f}" and rows["ta"][5] == f"{p / q:.2f} |"
+    assert rows["math"][4] == f"{p / se:.1f}" and rows["math"][5] == "inf |"
+    assert out[-1] == "Not at every seed, left out: extra"
+    with pytest.raises(SystemExit, match="no metric 'exact_match,none'"):
+        ts.table("smol_math_polite", "exact_match", [a, b])
+
+
+def test_two_skill_diagnostic_refuses_an_expert_it_cannot_use(tmp_path, capsys):
+    """--expert NAME=DIR: DIR must hold a LoRA adapter and NAME must be an expert of a chosen family."""
+    import two_skill_diagnostic as td
+
+    adapter = tmp_path / "xml"
+    adapter.mkdir()
+    with pytest.raises(SystemExit):
+        td.main([str(tmp_path), "--families", "math+xml", "--expert", f"xml={adapter}"])
+    assert "DIR/adapter_config.json" in capsys.readouterr().err
+    (adapter / "adapter_config.json").write_text("{}")
+    assert td.expert_dirs([f"xml={adapter}"], None) == {"xml": adapter}
+    with pytest.raises(SystemExit):
+        td.main([str(tmp_path), "--families", "math+polite", "--expert", f"xml={adapter}"])
+    assert "xml is in none of the families math+polite" in capsys.readouterr().err
