@@ -8,7 +8,8 @@ validation (results.json's `selection`), a row without a sweep as it is. Prints 
 TASK's METRIC at each seed and pooled over every document of every seed, ± the standard error of that mean as
 lm-eval computes it (sqrt(p(1-p)/(n-1))), and how far the composition (the first `composed` row of the recipe, or
 --row) lies above each other row in standard errors of the difference (unpaired: sqrt(se_a² + se_b²)); then the
-composition's share of each row's pooled score. A row missing at some seed is named and left out of the table.
+composition's share of each row's pooled score; `--also TASK:METRIC` adds another task's pooled score (a single-skill
+task: what composing costs there). A row missing at some seed is named and left out of the table.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def composed_row(results: dict) -> str:
     raise SystemExit("no composed row in the recipe: name one with --row")
 
 
-def table(task: str, metric: str, runs: list[Path], row: str | None = None) -> str:
-    """The markdown table of the module's docstring."""
+def table(task: str, metric: str, runs: list[Path], row: str | None = None, also: tuple[str, ...] = ()) -> str:
+    """The markdown table of the module's docstring; each of `also` ("TASK:METRIC") adds a column of that score pooled."""
     loaded = [json.loads((r / "results.json").read_text()) for r in runs]
     picks = [rows_of(res) for res in loaded]
     names = [n for n in picks[0] if all(n in p for p in picks)]
@@ -63,7 +64,9 @@ def table(task: str, metric: str, runs: list[Path], row: str | None = None) -> s
         raise SystemExit(f"--row: {row!r} is not a row of every run (rows: {', '.join(names)})")
     per_seed = {n: [score(res["results"][p[n]], task, metric) for res, p in zip(loaded, picks)] for n in names}
     pool = {n: pooled(s) for n, s in per_seed.items()}
-    head = ["row", *[f"{r.name} (chosen)" for r in runs], "pooled", f"{row} above it (SE)", f"{row} / it"]
+    extra = [a.split(":", 1) for a in also]
+    head = ["row", *[f"{r.name} (chosen)" for r in runs], "pooled", f"{row} above it (SE)", f"{row} / it",
+            *[f"{t} {m} (pooled)" for t, m in extra]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     p_row, se_row, _ = pool[row]
     for n in names:
@@ -71,8 +74,10 @@ def table(task: str, metric: str, runs: list[Path], row: str | None = None) -> s
         p_n, se_n, docs = pool[n]
         diff = (p_row - p_n) / math.hypot(se_row, se_n) if n != row and (se_row or se_n) else float("nan")
         ratio = p_row / p_n if p_n else float("inf")
+        others = [pooled([score(res["results"][p[n]], t, m) for res, p in zip(loaded, picks)]) for t, m in extra]
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {p_n:.3f} ± {se_n:.3f} ({docs}) | "
-                     + ("-" if n == row else f"{diff:.1f}") + " | " + ("-" if n == row else f"{ratio:.2f}") + " |")
+                     + ("-" if n == row else f"{diff:.1f}") + " | " + ("-" if n == row else f"{ratio:.2f}") + " |"
+                     + "".join(f" {q:.3f} ± {se:.3f} |" for q, se, _ in others))
     if missing:
         lines.append(f"\nNot at every seed, left out: {', '.join(missing)}")
     return "\n".join(lines)
@@ -83,11 +88,15 @@ def main(argv=None) -> int:
     parser.add_argument("task", help="the two-skill test task, e.g. smol_math_polite")
     parser.add_argument("metric", help="its metric, e.g. flexible (or exact_match,strict-match)")
     parser.add_argument("runs", type=Path, nargs="+", help="one recipe run folder per seed")
+    parser.add_argument("--also", action="append", default=[], metavar="TASK:METRIC",
+                        help="another task's score pooled alike, as one more column (repeatable; a single-skill task)")
     parser.add_argument("--row", help="the row compared with the others (default: the recipe's first composed row)")
     args = parser.parse_args(argv)
     if absent := [str(r) for r in args.runs if not (r / "results.json").is_file()]:
         parser.error(f"no results.json in {', '.join(absent)}")
-    print(table(args.task, args.metric, args.runs, args.row))
+    if bad := [a for a in args.also if ":" not in a]:
+        parser.error(f"--also: expected TASK:METRIC, got {', '.join(bad)}")
+    print(table(args.task, args.metric, args.runs, args.row, tuple(args.also)))
     return 0
 
 

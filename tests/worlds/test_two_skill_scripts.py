@@ -9,9 +9,11 @@ import pytest
 
 
 def _run(folder, chosen_lambda: str, scores: dict[str, float], n: int = 50):
-    """A results.json of one seed: `scores` maps variant -> flexible on smol_math_polite over n documents."""
+    """A results.json of one seed: `scores` maps variant -> flexible on smol_math_polite over n documents (and, as a
+    single-skill task, half of it styled on smol_polite over 40)."""
     folder.mkdir()
-    results = {v: {"smol_math_polite": {"sample_len": n, "flexible,none": m}} for v, m in scores.items()}
+    results = {v: {"smol_math_polite": {"sample_len": n, "flexible,none": m},
+                   "smol_polite": {"sample_len": 40, "styled,none": m / 2}} for v, m in scores.items()}
     recipe = {"variants": ["experts", {"name": "composed", "kind": "composed"}, {"name": "ta", "kind": "merged"}]}
     selection = {"chosen": {"composed": {"variant": f"composed[lambda={chosen_lambda}]"},
                             "ta": {"variant": "ta[lambda=0.5]"}}}
@@ -26,7 +28,7 @@ def test_seeds_pool_each_row_at_its_validated_lambda(tmp_path):
                                     "ta[lambda=0.5]": 0.1, "ta[lambda=1]": 0.8})
     b = _run(tmp_path / "s1", "1.5", {"math": 0.0, "polite": 0.06, "composed[lambda=1]": 0.9, "composed[lambda=1.5]": 0.2,
                                       "ta[lambda=0.5]": 0.04, "ta[lambda=1]": 0.9, "extra": 0.5}, n=40)
-    out = ts.table("smol_math_polite", "flexible", [a, b]).splitlines()
+    out = ts.table("smol_math_polite", "flexible", [a, b], also=("smol_polite:styled",)).splitlines()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out[2:] if line.startswith("| ")}
     assert list(rows) == ["math", "polite", "composed", "ta"]
     # composed: 0.3 on 50 (λ 1 chosen at s0) and 0.2 on 40 (λ 1.5 at s1): 23 of 90
@@ -35,8 +37,10 @@ def test_seeds_pool_each_row_at_its_validated_lambda(tmp_path):
     assert rows["composed"][3] == f"{p:.3f} ± {se:.3f} (90)"
     q = (0.1 * 50 + 0.04 * 40) / 90  # ta at λ 0.5 at both seeds
     se_q = math.sqrt(q * (1 - q) / 89)
-    assert rows["ta"][4] == f"{(p - q) / math.hypot(se, se_q):.1f}" and rows["ta"][5] == f"{p / q:.2f} |"
-    assert rows["math"][4] == f"{p / se:.1f}" and rows["math"][5] == "inf |"
+    assert rows["ta"][4] == f"{(p - q) / math.hypot(se, se_q):.1f}" and rows["ta"][5] == f"{p / q:.2f}"
+    assert rows["math"][4] == f"{p / se:.1f}" and rows["math"][5] == "inf"
+    styled = (0.15 * 40 + 0.1 * 40) / 80  # half of composed's 0.3 and 0.2, each on 40 sentences
+    assert rows["composed"][6] == f"{styled:.3f} ± {math.sqrt(styled * (1 - styled) / 79):.3f} |"
     assert out[-1] == "Not at every seed, left out: extra"
     with pytest.raises(SystemExit, match="no metric 'exact_match,none'"):
         ts.table("smol_math_polite", "exact_match", [a, b])
