@@ -4,7 +4,7 @@
     python scripts/two_skill_diagnostic.py gemma_world --families math+xml,shout+xml
     python scripts/two_skill_diagnostic.py smol_world --families math+xml --expert xml=smol_first/experts/xml
 
-For each family (math + shout, math + json, math + xml, shout + xml) it composes the two experts (weights 1), merges
+For each family (math + shout, math + json, math + xml, math + polite, shout + xml) it composes the two experts (weights 1), merges
 them as one exact LoRA (task arithmetic, weights 1) and runs `bridge.compare` on the first DOCS documents of the
 family's validation task with the answer a model should write (the worked math answer in capitals, as a JSON
 object or in an XML element; the sentence in capitals inside an XML element), scoring
