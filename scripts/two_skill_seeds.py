@@ -62,7 +62,12 @@ def table(task: str, metric: str, runs: list[Path], row: str | None = None, also
     row = row or composed_row(loaded[0])
     if row not in names:
         raise SystemExit(f"--row: {row!r} is not a row of every run (rows: {', '.join(names)})")
-    per_seed = {n: [score(res["results"][p[n]], task, metric) for res, p in zip(loaded, picks)] for n in names}
+
+    def at_seeds(name: str, task: str, metric: str) -> list[tuple[float, int]]:
+        """(mean, documents) of row `name` on TASK's METRIC at each seed, at that seed's validated variant."""
+        return [score(res["results"][p[name]], task, metric) for res, p in zip(loaded, picks)]
+
+    per_seed = {n: at_seeds(n, task, metric) for n in names}
     pool = {n: pooled(s) for n, s in per_seed.items()}
     extra = [a.split(":", 1) for a in also]
     head = ["row", *[f"{r.name} (chosen)" for r in runs], "pooled", f"{row} above it (SE)", f"{row} / it",
@@ -74,7 +79,7 @@ def table(task: str, metric: str, runs: list[Path], row: str | None = None, also
         p_n, se_n, docs = pool[n]
         diff = (p_row - p_n) / math.hypot(se_row, se_n) if n != row and (se_row or se_n) else float("nan")
         ratio = p_row / p_n if p_n else float("inf")
-        others = [pooled([score(res["results"][p[n]], t, m) for res, p in zip(loaded, picks)]) for t, m in extra]
+        others = [pooled(at_seeds(n, t, m)) for t, m in extra]
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {p_n:.3f} ± {se_n:.3f} ({docs}) | "
                      + ("-" if n == row else f"{diff:.1f}") + " | " + ("-" if n == row else f"{ratio:.2f}") + " |"
                      + "".join(f" {q:.3f} ± {se:.3f} |" for q, se, _ in others))
