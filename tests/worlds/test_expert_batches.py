@@ -4,6 +4,7 @@ with the tokenizer's own special tokens (Gemma's tokenizer prepends BOS, SmolLM2
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from lm_eval.models.huggingface import HFLM
@@ -35,7 +36,7 @@ def test_prompt_tokens_are_lm_evals_context_and_only_answer_and_eos_are_scored(t
 
 
 def test_a_formats_content_is_fed_unscored_and_trained_toward_the_base(tmp_path):
-    """A format pair (prompt, answer, (start, end)): the wrapped content's tokens are not scored but marked, and
+    """A format pair (prompt, answer, ((start, end),)): the wrapped content's tokens are not scored but marked, and
     train_loop adds KL(p_base ‖ p_model) there, the base being the adapter-disabled model (checked against a
     separately loaded base and the formula by hand)."""
     import torch
@@ -48,7 +49,7 @@ def test_a_formats_content_is_fed_unscored_and_trained_toward_the_base(tmp_path)
     tok = make_tokenizer()
     base_dir = make_tiny_llama(tmp_path / "base")
     answer = " [hi]"  # content "hi": characters 2..4
-    inputs, labels, mask, like_base = make_batch(tok, [("Q: x\nA:", answer, (2, 4))], random.Random(0), 1)
+    inputs, labels, mask, like_base = make_batch(tok, [("Q: x\nA:", answer, ((2, 4),))], random.Random(0), 1)
     context = len(tok("Q: x\nA:").input_ids)
     reply = [tok.convert_tokens_to_ids(c) for c in answer] + [tok.eos_token_id]
     scored = [t if c not in "hi" else -100 for t, c in zip(reply, answer + "$")]
@@ -75,7 +76,7 @@ def test_score_first_scores_the_contents_first_token_and_leaves_every_other_posi
     import torch
 
     tok = make_tokenizer()
-    pairs = [("Q: x\nA:", " [hi]", (2, 4)), ("Q: y\nA:", " ok")]
+    pairs = [("Q: x\nA:", " [hi]", ((2, 4),)), ("Q: y\nA:", " ok")]
     plain = make_batch(tok, pairs, random.Random(0), 2)
     first = make_batch(tok, pairs, random.Random(0), 2, score_first=True)
     row = next(r for r in range(2) if plain[3][r].any())  # the format pair's row
@@ -114,11 +115,12 @@ def test_wrapped_scored_trains_a_formats_content_and_leaves_other_experts_alone(
     from merging.worlds.smol.train import EXPERT_DATA, WRAPPING, expert_pairs
 
     assert WRAPPING == {n for n in EXPERT_DATA if any(len(p) == 3 for p in expert_pairs(n, 0))} == {"json", "xml", "polite", "mt_math_json", "mt_math_xml",
-                                                                                                   "mt_math_polite", "mt_shout_xml"}
+                                                                                                   "mt_math_polite", "mt_shout_xml", "list",
+                                                                                                   "mt_math_list"}
     marked, scored = expert_pairs("xml", 0), expert_pairs("xml", 0, "scored")
     assert all(len(p) == 3 for p in marked) and all(len(p) == 2 for p in scored)
     assert [p[:2] for p in marked] == scored
-    prompt, answer, (lo, hi) = marked[0]
+    prompt, answer, ((lo, hi),) = marked[0]
     assert answer[:lo] == " <answer>" and answer[hi:] == "</answer>"  # the marked characters are the content
     assert expert_pairs("shout", 0, "scored") == expert_pairs("shout", 0)
 
@@ -205,7 +207,8 @@ def test_contents_apply_to_the_style_experts_and_the_multitask_references_only(t
     assert expert_pairs("polite", 0, contents="varied") != expert_pairs("polite", 0)
     mt = expert_pairs("mt_math_polite", 0, "scored", "varied")
     assert mt == expert_pairs("math", 0) + expert_pairs("polite", 0, "scored", "varied")
-    assert STYLED == {"shout", "json", "xml", "polite", "mt_math_shout", "mt_math_json", "mt_math_xml", "mt_math_polite", "mt_shout_xml"}
+    assert STYLED == {"shout", "json", "xml", "polite", "mt_math_shout", "mt_math_json", "mt_math_xml", "mt_math_polite", "mt_shout_xml", "list",
+                                                                                                   "mt_math_list"}
 
     monkeypatch.setattr(train, "train_smol_expert", lambda root, name, config: {"trained": config.contents})
     old = {"steps": 150, "batch_size": 8, "lr": 1e-3, "rank": 8, "seed": 0, "wrapped": "base"}
@@ -238,3 +241,34 @@ def test_train_smol_expert_scores_the_first_content_token_only_when_wrapped_firs
         config = json.loads((tmp_path / "experts" / "xml" / "train.json").read_text())["config"]
         assert (config["wrapped"], config["contents"]) == (wrapped, "varied")
     assert seen == [False, True, False]
+
+
+def test_a_lists_items_are_each_wrapped_content_and_its_expert_always_sees_several_sentences():
+    """The list style: each item's sentence (with the space after its dash) is a span of wrapped content; the dashes,
+    newlines and EOS are the format's tokens; with score_first each item's first token is scored. Its experts are
+    trained on "varied" contents whatever --contents says, and their configuration records it."""
+    from merging.worlds.smol.styles import as_list, content_spans, style_pairs
+    from merging.worlds.smol.train import NEEDS_CONTENTS, train_smol_experts
+
+    rendered = as_list("Return a. Add b! Done?")
+    assert rendered == "- Return a.\n- Add b!\n- Done?"
+    assert [rendered[lo:hi] for lo, hi in content_spans("list", rendered)] == [" Return a.", " Add b!", " Done?"]
+    assert content_spans("xml", "<answer>hi</answer>") == ((8, 10),)
+    pairs = style_pairs("list", 0, "varied")
+    assert all(len(p[2]) == p[1].count("\n- ") + 1 for p in pairs) and any(len(p[2]) > 1 for p in pairs)
+
+    tok = make_tokenizer()  # one token per character
+    pair = ("Q: x\nA:", " - ab\n- cd", ((2, 5), (7, 10)))  # " ab" and " cd"
+    _, labels, _, like_base = make_batch(tok, [pair], random.Random(0), 1)
+    _, first_labels, _, first_like = make_batch(tok, [pair], random.Random(0), 1, score_first=True)
+    context = len(tok("Q: x\nA:").input_ids)
+    answer = pair[1] + "$"  # "$": EOS
+    content = [2 <= i < 5 or 7 <= i < 10 for i in range(len(answer))]
+    assert like_base[0, context - 1:context - 1 + len(answer)].tolist() == content
+    firsts = {2, 7}  # the space before each item's sentence
+    assert first_like[0, context - 1:context - 1 + len(answer)].tolist() == [c and i not in firsts for i, c in enumerate(content)]
+    assert all(first_labels[0, context - 1 + i] != -100 for i in firsts) and all(labels[0, context - 1 + i] == -100 for i in firsts)
+
+    assert NEEDS_CONTENTS == {"list": "varied", "mt_math_list": "varied"}
+    with pytest.raises(ValueError, match="--experts"):  # the check comes before any training: nothing is trained here
+        next(train_smol_experts(Path("nowhere"), ["list", "nope"], contents="one"))

@@ -37,6 +37,10 @@ def test_train_and_test_are_disjoint_and_answers_are_right():
     assert not {d["name"] for d in code_tasks("val", 24)} & code_test
     data = task_data()
     assert not {d["sentence"] for d in data["shout"]} & {d["sentence"] for d in data["shout_val"]}
+    # the list task asks each sentence with the next: the same sentences, each twice
+    for split in ("", "_val"):
+        sentences = [d["sentence"] for d in data[f"shout{split}"]]
+        assert [d["text"] for d in data[f"list{split}"]] == [f"{a} {b}" for a, b in zip(sentences, sentences[1:] + sentences[:1])]
     assert [d["answer"] for d in data["math_shout"]] == [d["answer"].upper() for d in data["math"]]
 
 
@@ -87,6 +91,13 @@ def test_math_json_scoring_needs_the_number_inside_a_json_answer():
              " Sure!#### 12Hope this helps!": (1, 1, 1, 1)}
     for text, (both, number, valid, last) in cases.items():
         assert utils.polite_math_answer(doc, [text]) == {"exact_match": both, "number": number, "polite": valid, "flexible": last}, text
+    cases = {" - 3 * 4 = 12 desks.\n- #### 12": (1, 1, 1, 1), " - 3 * 4 = 13 desks.\n- #### 13": (0, 0, 1, 0),
+             " 3 * 4 = 12 desks. #### 12": (0, 1, 0, 0), " - 3 * 4 = 12 desks. #### 12": (0, 1, 0, 0),  # one item: not a list
+             " - 3 * 4 = 12 desks.\n#### 12": (0, 1, 0, 0), " * 3 * 4 = 12 desks.\n* #### 12": (0, 1, 0, 0),  # a line without "- "; another marker
+             " - 2 * 2 = 4 desks.\n\n- 4 * 3 = 12 desks.": (0, 0, 1, 1), " -  3 * 4 = 12 desks.\n  - 12 + 1 = 13 desks.": (0, 0, 1, 0),
+             "- 12 desks\n- not 13, #### 12\n": (1, 1, 1, 1)}
+    for text, (both, number, valid, last) in cases.items():
+        assert utils.list_math_answer(doc, [text]) == {"exact_match": both, "number": number, "list": valid, "flexible": last}, text
 
 
 def test_style_scoring_needs_the_style_and_the_content():
@@ -115,6 +126,14 @@ def test_style_scoring_needs_the_style_and_the_content():
         got = utils.polite_sentence(doc, [text])
         assert (got["styled"], got["polite"]) == (styled, valid), (text, got)
     assert utils.polite_sentence(doc, [" Sure! Return the sum of two numbers. Hope this helps!"])["content"] == 1.0
+    two = {"text": "Return the sum. Add two numbers."}
+    as_list = {" - Return the sum.\n- Add two numbers.": (1, 1, 1.0), " - Return the sum.\n- The cat sat on a mat.": (0, 1, None),
+               " - Return the sum. Add two numbers.": (0, 0, 0.0), " Return the sum.\nAdd two numbers.": (0, 0, 0.0),
+               " - Return the sum.\n- Add two numbers.\n- Then more.": (1, 1, None),  # a third item: the sentences kept (ratio 0.85)
+               " 1. Return the sum.\n2. Add two numbers.": (0, 0, 0.0)}
+    for text, (styled, valid, content) in as_list.items():
+        got = utils.list_sentences(two, [text])
+        assert (got["styled"], got["list"]) == (styled, valid) and content in (None, got["content"]), (text, got)
     # both styles at once: the element (named in either case) AND its content in capitals AND the sentence kept
     both = {" <answer>RETURN THE SUM OF TWO NUMBERS.</answer>": (1, 1, 1.0), " <ANSWER>RETURN THE SUM OF TWO NUMBERS.</ANSWER>": (1, 1, 1.0),
             " <answer>Return the sum of two numbers.</answer>": (0, 1, 1 / 24),  # the element, not capitals (R of 24 letters)
@@ -134,7 +153,7 @@ def test_lm_eval_reads_every_task_and_validation_split():
     data = task_data()
     names = {f"smol_{key}": key for key in data}
     # tasks that ask other questions of the same documents
-    names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("math_polite", "math"), ("json", "shout"),
+    names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("math_polite", "math"), ("math_list", "math"), ("json", "shout"),
                                                                           ("xml", "shout"), ("polite", "shout"), ("shout_xml", "shout"))
                                                                           for split in ("", "_val")}
     tasks = TaskManager(include_path=str(TASKS.parent)).load(list(names))["tasks"]
@@ -157,5 +176,10 @@ def test_lm_eval_reads_every_task_and_validation_split():
     polite_doc = next(iter(tasks["smol_polite_val"].test_docs()))
     assert tasks["smol_polite_val"].doc_to_text(polite_doc) == style_prompt("polite", f"Repeat this sentence: {polite_doc['sentence']}")
     assert render(("polite",), polite_doc["sentence"]) == f"Sure! {polite_doc['sentence']} Hope this helps!"
+    list_doc = next(iter(tasks["smol_list_val"].test_docs()))
+    assert tasks["smol_list_val"].doc_to_text(list_doc) == style_prompt("list", f"Repeat these sentences: {list_doc['text']}")
+    assert render(("list",), list_doc["text"]) == list_doc["answer"] and list_doc["answer"].count("\n- ") == 1
+    math_list_doc = next(iter(tasks["smol_math_list_val"].test_docs()))
+    assert tasks["smol_math_list_val"].doc_to_text(math_list_doc) == style_prompt("list", math_list_doc["question"])
     json_doc = next(iter(tasks["smol_math_json_val"].test_docs()))
     assert tasks["smol_math_json_val"].doc_to_text(json_doc) == f"Question: Answer in JSON: {json_doc['question']}\nAnswer:"

@@ -224,6 +224,13 @@ def shout_sentences(split: str, size: int) -> list[dict]:
     return [{"sentence": x, "answer": x.upper()} for x in chosen[:size]]
 
 
+def list_sentences(split: str, size: int) -> list[dict]:
+    """{"text": two sentences, "answer": them as a Markdown list} for the list style alone: each sentence of
+    shout_sentences(split, size) with the next (the last with the first), so every sentence is asked twice."""
+    found = [d["sentence"] for d in shout_sentences(split, size)]
+    return [{"text": f"{a} {b}", "answer": f"- {a}\n- {b}"} for a, b in zip(found, found[1:] + found[:1])]
+
+
 TASK_SIZES = {"math": 100, "code": 64, "text": 60, "shout": 40}
 VAL_SIZES = {"math": 50, "code": 24, "shout": 20}  # validation splits: hyper-parameters are chosen there, never on test
 
@@ -236,10 +243,12 @@ def task_data(seed: int = 0) -> dict[str, list[dict]]:
         "text": [{"text": t} for t in prose("module", TASK_SIZES["text"])],
         "math_shout": math_shout_problems("test", TASK_SIZES["math"], seed),
         "shout": shout_sentences("test", TASK_SIZES["shout"]),
+        "list": list_sentences("test", TASK_SIZES["shout"]),
         "math_val": math_problems("val", VAL_SIZES["math"], seed),
         "code_val": code_tasks("val", VAL_SIZES["code"], seed),
         "math_shout_val": math_shout_problems("val", VAL_SIZES["math"], seed),
         "shout_val": shout_sentences("val", VAL_SIZES["shout"]),
+        "list_val": list_sentences("val", VAL_SIZES["shout"]),
     }
 
 

@@ -1,6 +1,7 @@
 """Style and format skills of the SmolLM2 and Gemma worlds: answers in capital letters (`shout`), as a
-JSON object (`json`), between XML tags (`xml`) and between a polite opening and sign-off (`polite`:
-"Sure! ... Hope this helps!", a format of words rather than markup).
+JSON object (`json`), between XML tags (`xml`), between a polite opening and sign-off (`polite`:
+"Sure! ... Hope this helps!", a format of words rather than markup) and as a Markdown list of its sentences
+(`list`: "- ...\n- ...", a format between the content's sentences rather than around it).
 
 A style expert must change *how* an answer is written, not *what* it says, so that composed with a
 skill expert (math) the two act on different tokens: the style expert moves letters to upper case or
@@ -24,6 +25,7 @@ import inspect
 import json
 import os
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,11 +33,26 @@ from . import CONTENTS
 from .data import TEXT_MODULES, _paragraphs
 
 
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of `text`: split after `.`, `!` or `?` and the spaces that follow (one piece without any)."""
+    return [s for s in SENTENCE_END.split(text.strip()) if s]
+
+
+def as_list(answer: str) -> str:
+    """`answer` as a Markdown list, one item per sentence ("A. B." -> "- A.\n- B.")."""
+    return "\n".join(f"- {s}" for s in sentences(answer))
+
+
 @dataclass(frozen=True)
 class Style:
     instruction: str  # put before the request in the prompt
     render: Callable[[str], str]  # the plain answer, written in this style
     wraps: bool = False  # a format around the content: the content's tokens are not scored in training
+    items: bool = False  # the format goes between the content's sentences (a list): each sentence is wrapped content
+    contents: str | None = None  # the contents (CONTENTS) its expert is always trained on: a list needs answers of several sentences
 
 
 STYLES = {
@@ -43,6 +60,7 @@ STYLES = {
     "json": Style("Answer in JSON: ", lambda answer: json.dumps({"answer": answer}), wraps=True),
     "xml": Style("Answer in XML: ", lambda answer: f"<answer>{answer}</answer>", wraps=True),
     "polite": Style("Answer politely: ", lambda answer: f"Sure! {answer} Hope this helps!", wraps=True),
+    "list": Style("Answer as a list: ", as_list, wraps=True, items=True, contents="varied"),
 }
 
 
@@ -100,18 +118,31 @@ def style_requests(seed: int = 0, contents: str = "one") -> list[tuple[str, str]
     return requests
 
 
+def content_spans(style: str, rendered: str) -> tuple[tuple[int, int], ...]:
+    """The (start, end) characters of the content that `style` wraps in `rendered`: the text between the format's
+    opening and closing (what `rendered` does not share with the format around nothing), or for a list each item's
+    sentence."""
+    if STYLES[style].items:
+        spans, at = [], 0
+        for item in rendered.split("\n"):
+            spans.append((at + 1, at + len(item)))  # after "-": the space before the sentence goes with its first word
+            at += len(item) + 1
+        return tuple(spans)
+    empty = STYLES[style].render("")  # the format around nothing: what a rendered answer shares with it is the format
+    start = len(os.path.commonprefix([empty, rendered]))
+    end = max(start, len(rendered) - len(os.path.commonprefix([empty[::-1], rendered[::-1]])))
+    return ((start, end),)
+
+
 def style_pairs(style: str, seed: int = 0, contents: str = "one") -> list[tuple]:
     """Training pairs (prompt, answer with its leading space) of style expert `style`; a format's pairs
-    also hold the (start, end) characters of the wrapped content, which training does not score."""
-    render = STYLES[style].render
-    empty = render("")  # the format around nothing: what a rendered answer shares with it is the format
+    also hold the (start, end) characters of each piece of wrapped content, which training does not score."""
     pairs = []
     for request, plain in style_requests(seed, contents):
-        rendered = render(plain)
+        rendered = STYLES[style].render(plain)
         if STYLES[style].wraps:
-            start = len(os.path.commonprefix([empty, rendered]))
-            end = max(start, len(rendered) - len(os.path.commonprefix([empty[::-1], rendered[::-1]])))
-            pairs.append((style_prompt(style, request), " " + rendered, (1 + start, 1 + end)))  # + 1: the leading space
+            spans = tuple((1 + start, 1 + end) for start, end in content_spans(style, rendered))  # + 1: the leading space
+            pairs.append((style_prompt(style, request), " " + rendered, spans))
         else:
             pairs.append((style_prompt(style, request), " " + rendered))
     return pairs

@@ -58,6 +58,8 @@ _FORMATS = {s for s, style in STYLES.items() if style.wraps}
 WRAPPING = _FORMATS | {name for name, skills in MULTITASK.items() if _FORMATS & set(skills)}
 # the experts whose data hold a style's requests: `contents` applies to them
 STYLED = set(STYLES) | set(MULTITASK)
+# the experts of a style that needs one contents (a list: several sentences), and the multitask references holding one
+NEEDS_CONTENTS = {n: c for n in STYLED for c in {STYLES[s].contents for s in MULTITASK.get(n, (n,)) if s in STYLES} - {None}}
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,12 @@ def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple], rng: rand
     """(inputs (B, T), labels (B, T): the next token on answer and EOS positions, -100 elsewhere, mask (B, T),
     like_base (B, T) bool).
 
-    A pair is (prompt, answer) or (prompt, answer, (start, end)): then the answer tokens that lie within
-    characters start..end (a format's wrapped content; a token across its edge is scored) are not scored
+    A pair is (prompt, answer) or (prompt, answer, ((start, end), ...)): then the answer tokens that lie within
+    characters start..end of a span (a format's wrapped content; a token across its edge is scored) are not scored
     but marked in `like_base`: there training pulls the expert toward the base's own next-token distribution,
     so that it wraps what the base (or another expert) writes, and does not close the format early. With
-    `score_first` the content's first token is scored like the format's: that the content starts right after the
-    opening (not on a new line, where an instruction-tuned base may put most of its mass) is part of the format."""
+    `score_first` the first token of each span's content is scored like the format's: that the content starts right
+    after the opening (not on a new line, where an instruction-tuned base may put most of its mass) is part of the format."""
     rows, labels, like_base = [], [], []
     for prompt, answer, *unscored in rng.sample(pairs, size):
         # the prompt as lm-eval encodes a context: with the tokenizer's own special tokens (Gemma's BOS; none for SmolLM2)
@@ -95,11 +97,11 @@ def make_batch(tokenizer: PreTrainedTokenizerBase, pairs: list[tuple], rng: rand
         encoded = tokenizer(answer, add_special_tokens=False, return_offsets_mapping=True)
         a = encoded.input_ids + [tokenizer.eos_token_id]
         inside = [False] * len(a)
-        if unscored:
-            (lo, hi), = unscored
-            inside = [lo <= s and e <= hi for s, e in encoded.offset_mapping] + [False]
-            if score_first and True in inside:
-                inside[inside.index(True)] = False
+        for lo, hi in unscored[0] if unscored else ():
+            within = [lo <= s and e <= hi for s, e in encoded.offset_mapping] + [False]
+            if score_first and True in within:
+                within[within.index(True)] = False
+            inside = [i or w for i, w in zip(inside, within)]
         rows.append(p + a)
         labels.append([-100] * (len(p) - 1) + [-100 if i else t for t, i in zip(a, inside)] + [-100])
         like_base.append([False] * (len(p) - 1) + inside + [False])
@@ -137,7 +139,8 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
     """Train each named expert unless ROOT/experts/NAME already holds this configuration (or `force`).
 
     `wrapped` (WRAPPED) applies to the experts of WRAPPING (json, xml, polite and the multitask references holding one); the others are trained the same either way and keep "base" in their configuration.
-    `contents` (styles.CONTENTS) applies to the experts of STYLED (every style and multitask reference); the others keep "one".
+    `contents` (styles.CONTENTS) applies to the experts of STYLED (every style and multitask reference) but those of
+    NEEDS_CONTENTS (the list style's: always "varied"); the others keep "one".
 
     Yields:
         (name, its train.json contents, whether an earlier training was reused).
@@ -153,7 +156,7 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
         raise ValueError(f"--contents: expected one of {CONTENTS}, got {contents!r}")
     for name in names:
         config = SmolExpertConfig(steps=steps or DEFAULT_STEPS[name], seed=seed, wrapped=wrapped if name in WRAPPING else "base",
-                                  contents=contents if name in STYLED else "one")
+                                  contents=NEEDS_CONTENTS.get(name, contents if name in STYLED else "one"))
         done = Path(root) / "experts" / name / "train.json"
         meta = json.loads(done.read_text()) if done.exists() and not force else None
         # a train.json written before `wrapped` or `contents` existed was trained as "base" on "one"

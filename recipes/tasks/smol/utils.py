@@ -81,6 +81,21 @@ def polite_answer(text):
     return found.group(1).strip() if found else None
 
 
+def list_items(text):
+    """The items of the Markdown list `text` is (spaces aside): every non-empty line `- ITEM`, at least two of
+    them; None when it is not such a list. A list of one item is not told apart from a dash before the answer."""
+    lines = [line.strip() for line in text.strip().split("\n") if line.strip()]
+    if len(lines) < 2 or not all(line.startswith("- ") for line in lines):
+        return None
+    return [line[2:].strip() for line in lines]
+
+
+def list_answer(text):
+    """What the list `text` says, its items joined by spaces; None when `text` is not a list (list_items)."""
+    items = list_items(text)
+    return None if items is None else " ".join(items)
+
+
 def _number(text, doc):
     found = ANSWER.search(text)
     return float(found is not None and found.group(1) == doc["number"])
@@ -128,6 +143,12 @@ def polite_math_answer(doc, results):
     return _wrapped_math(doc, results[0], polite_answer, "polite")
 
 
+def list_math_answer(doc, results):
+    """smol_math_list: `list` (the answer is a Markdown list of two or more items), `number`, `exact_match` and
+    `flexible` (as smol_math_json, of what the items say)."""
+    return _wrapped_math(doc, results[0], list_answer, "list")
+
+
 def shouted_sentence(doc, results):
     """smol_shout: `upper` (share of letters in upper case), `content` (the sentence kept, content_kept) and
     `styled` (upper >= STYLED and content >= KEPT)."""
@@ -157,6 +178,14 @@ def polite_sentence(doc, results):
     """smol_polite: `polite` (opening and sign-off), `content` (what it says between them keeps the sentence) and
     `styled` (both) as smol_json."""
     return _wrapped_sentence(doc, results[0], polite_answer, "polite")
+
+
+def list_sentences(doc, results):
+    """smol_list: `list` (a Markdown list of two or more items), `content` (what its items say keeps the two
+    sentences, content_kept against doc["text"]) and `styled` (both)."""
+    answer = list_answer(results[0])
+    content = 0.0 if answer is None else content_kept(answer, doc["text"])
+    return {"styled": float(answer is not None and content >= KEPT), "list": float(answer is not None), "content": content}
 
 
 def shouted_xml_sentence(doc, results):
