@@ -116,7 +116,7 @@ def test_wrapped_scored_trains_a_formats_content_and_leaves_other_experts_alone(
 
     assert WRAPPING == {n for n in EXPERT_DATA if any(len(p) == 3 for p in expert_pairs(n, 0))} == {"json", "xml", "polite", "mt_math_json", "mt_math_xml",
                                                                                                    "mt_math_polite", "mt_shout_xml", "list",
-                                                                                                   "mt_math_list"}
+                                                                                                   "mt_math_list", "steps", "mt_math_steps"}
     marked, scored = expert_pairs("xml", 0), expert_pairs("xml", 0, "scored")
     assert all(len(p) == 3 for p in marked) and all(len(p) == 2 for p in scored)
     assert [p[:2] for p in marked] == scored
@@ -208,7 +208,7 @@ def test_contents_apply_to_the_style_experts_and_the_multitask_references_only(t
     mt = expert_pairs("mt_math_polite", 0, "scored", "varied")
     assert mt == expert_pairs("math", 0) + expert_pairs("polite", 0, "scored", "varied")
     assert STYLED == {"shout", "json", "xml", "polite", "mt_math_shout", "mt_math_json", "mt_math_xml", "mt_math_polite", "mt_shout_xml", "list",
-                                                                                                   "mt_math_list"}
+                                                                                                   "mt_math_list", "steps", "mt_math_steps"}
 
     monkeypatch.setattr(train, "train_smol_expert", lambda root, name, config: {"trained": config.contents})
     old = {"steps": 150, "batch_size": 8, "lr": 1e-3, "rank": 8, "seed": 0, "wrapped": "base"}
@@ -244,18 +244,23 @@ def test_train_smol_expert_scores_the_first_content_token_only_when_wrapped_firs
 
 
 def test_a_lists_items_are_each_wrapped_content_and_its_expert_always_sees_several_sentences():
-    """The list style: each item's sentence (with the space after its dash) is a span of wrapped content; the dashes,
-    newlines and EOS are the format's tokens; with score_first each item's first token is scored. Its experts are
+    """The list and steps styles: each item's sentence (with the space before it) is a span of wrapped content; the
+    dashes, newlines, connectives and EOS are the format's tokens; with score_first each item's first token is scored. Its experts are
     trained on "varied" contents whatever --contents says, and their configuration records it."""
-    from merging.worlds.smol.styles import as_list, content_spans, style_pairs
+    from merging.worlds.smol.styles import as_list, as_steps, content_spans, style_pairs
     from merging.worlds.smol.train import NEEDS_CONTENTS, train_smol_experts
 
-    rendered = as_list("Return a. Add b! Done?")
+    plain = "Return a. Add b! Done?"
+    rendered = as_list(plain)
     assert rendered == "- Return a.\n- Add b!\n- Done?"
-    assert [rendered[lo:hi] for lo, hi in content_spans("list", rendered)] == [" Return a.", " Add b!", " Done?"]
-    assert content_spans("xml", "<answer>hi</answer>") == ((8, 10),)
+    assert [rendered[lo:hi] for lo, hi in content_spans("list", plain, rendered)] == [" Return a.", " Add b!", " Done?"]
+    steps = as_steps(plain)
+    assert steps == "First, Return a. Then, Add b! Then, Done?"
+    assert [steps[lo:hi] for lo, hi in content_spans("steps", plain, steps)] == [" Return a.", " Add b!", " Done?"]
+    assert content_spans("xml", "hi", "<answer>hi</answer>") == ((8, 10),)
     pairs = style_pairs("list", 0, "varied")
     assert all(len(p[2]) == p[1].count("\n- ") + 1 for p in pairs) and any(len(p[2]) > 1 for p in pairs)
+    assert all(len(p[2]) == p[1].count(" Then, ") + 1 for p in style_pairs("steps", 0, "varied"))
 
     tok = make_tokenizer()  # one token per character
     pair = ("Q: x\nA:", " - ab\n- cd", ((2, 5), (7, 10)))  # " ab" and " cd"
@@ -269,6 +274,6 @@ def test_a_lists_items_are_each_wrapped_content_and_its_expert_always_sees_sever
     assert first_like[0, context - 1:context - 1 + len(answer)].tolist() == [c and i not in firsts for i, c in enumerate(content)]
     assert all(first_labels[0, context - 1 + i] != -100 for i in firsts) and all(labels[0, context - 1 + i] == -100 for i in firsts)
 
-    assert NEEDS_CONTENTS == {"list": "varied", "mt_math_list": "varied"}
+    assert NEEDS_CONTENTS == {"list": "varied", "mt_math_list": "varied", "steps": "varied", "mt_math_steps": "varied"}
     with pytest.raises(ValueError, match="--experts"):  # the check comes before any training: nothing is trained here
         next(train_smol_experts(Path("nowhere"), ["list", "nope"], contents="one"))

@@ -98,6 +98,14 @@ def test_math_json_scoring_needs_the_number_inside_a_json_answer():
              "- 12 desks\n- not 13, #### 12\n": (1, 1, 1, 1)}
     for text, (both, number, valid, last) in cases.items():
         assert utils.list_math_answer(doc, [text]) == {"exact_match": both, "number": number, "list": valid, "flexible": last}, text
+    cases = {" First, 3 * 4 = 12 desks. Then, #### 12": (1, 1, 1, 1), " First, 3 * 4 = 12 desks. #### 12": (0, 1, 0, 0),  # one step
+             " First, 2 * 2 = 4 desks. Then, 4 * 3 = 12 desks. #### 12": (1, 1, 1, 1),  # a bare final marker
+             " First, 2 * 2 = 4 desks. Then, 4 * 3 = 13 desks. Then, #### 13": (0, 0, 1, 0),
+             " 2 * 2 = 4 desks. Then, 4 * 3 = 12 desks. #### 12": (0, 1, 0, 0), " First, 2 * 2 = 4 desks. 4 * 3 = 12 desks. #### 12": (0, 1, 0, 0),
+             " First, 2 * 2 = 4 desks. Then, 4 * 3 = 12 desks.": (0, 0, 1, 1), " First, 2 * 2 = 4. Then 4 * 3 = 12.": (0, 0, 0, 0),
+             " First, #### 12. Then, it is 12 desks, not 13.": (1, 1, 1, 0)}  # the marker right, the last number wrong
+    for text, (both, number, valid, last) in cases.items():
+        assert utils.steps_math_answer(doc, [text]) == {"exact_match": both, "number": number, "steps": valid, "flexible": last}, text
 
 
 def test_style_scoring_needs_the_style_and_the_content():
@@ -134,6 +142,12 @@ def test_style_scoring_needs_the_style_and_the_content():
     for text, (styled, valid, content) in as_list.items():
         got = utils.list_sentences(two, [text])
         assert (got["styled"], got["list"]) == (styled, valid) and content in (None, got["content"]), (text, got)
+    as_steps = {" First, Return the sum. Then, Add two numbers.": (1, 1, 1.0), " First, Return the sum. Then, The cat sat on a mat.": (0, 1, None),
+                " First, Return the sum. Add two numbers.": (0, 0, 0.0), " Return the sum. Then, Add two numbers.": (0, 0, 0.0),
+                " First, Return the sum.": (0, 0, 0.0), " - Return the sum.\n- Add two numbers.": (0, 0, 0.0)}
+    for text, (styled, valid, content) in as_steps.items():
+        got = utils.steps_sentences(two, [text])
+        assert (got["styled"], got["steps"]) == (styled, valid) and content in (None, got["content"]), (text, got)
     # both styles at once: the element (named in either case) AND its content in capitals AND the sentence kept
     both = {" <answer>RETURN THE SUM OF TWO NUMBERS.</answer>": (1, 1, 1.0), " <ANSWER>RETURN THE SUM OF TWO NUMBERS.</ANSWER>": (1, 1, 1.0),
             " <answer>Return the sum of two numbers.</answer>": (0, 1, 1 / 24),  # the element, not capitals (R of 24 letters)
@@ -153,7 +167,7 @@ def test_lm_eval_reads_every_task_and_validation_split():
     data = task_data()
     names = {f"smol_{key}": key for key in data}
     # tasks that ask other questions of the same documents
-    names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("math_polite", "math"), ("math_list", "math"), ("json", "shout"),
+    names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("math_polite", "math"), ("math_list", "math"), ("math_steps", "math"), ("steps", "list"), ("json", "shout"),
                                                                           ("xml", "shout"), ("polite", "shout"), ("shout_xml", "shout"))
                                                                           for split in ("", "_val")}
     tasks = TaskManager(include_path=str(TASKS.parent)).load(list(names))["tasks"]
@@ -181,5 +195,10 @@ def test_lm_eval_reads_every_task_and_validation_split():
     assert render(("list",), list_doc["text"]) == list_doc["answer"] and list_doc["answer"].count("\n- ") == 1
     math_list_doc = next(iter(tasks["smol_math_list_val"].test_docs()))
     assert tasks["smol_math_list_val"].doc_to_text(math_list_doc) == style_prompt("list", math_list_doc["question"])
+    assert tasks["smol_steps_val"].doc_to_text(list_doc) == style_prompt("steps", f"Repeat these sentences: {list_doc['text']}")
+    assert tasks["smol_math_steps_val"].doc_to_text(math_list_doc) == style_prompt("steps", math_list_doc["question"])
+    from merging.worlds.smol.styles import as_steps
+
+    assert _utils().steps_answer(" " + as_steps(math_list_doc["answer"])) == math_list_doc["answer"]  # the reference is told step by step
     json_doc = next(iter(tasks["smol_math_json_val"].test_docs()))
     assert tasks["smol_math_json_val"].doc_to_text(json_doc) == f"Question: Answer in JSON: {json_doc['question']}\nAnswer:"

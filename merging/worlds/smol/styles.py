@@ -1,7 +1,8 @@
 """Style and format skills of the SmolLM2 and Gemma worlds: answers in capital letters (`shout`), as a
 JSON object (`json`), between XML tags (`xml`), between a polite opening and sign-off (`polite`:
 "Sure! ... Hope this helps!", a format of words rather than markup) and as a Markdown list of its sentences
-(`list`: "- ...\n- ...", a format between the content's sentences rather than around it).
+(`list`: "- ...\n- ...", a format between the content's sentences rather than around it) and told step by step
+(`steps`: "First, ... Then, ...", words between the sentences).
 
 A style expert must change *how* an answer is written, not *what* it says, so that composed with a
 skill expert (math) the two act on different tokens: the style expert moves letters to upper case or
@@ -46,12 +47,17 @@ def as_list(answer: str) -> str:
     return "\n".join(f"- {s}" for s in sentences(answer))
 
 
+def as_steps(answer: str) -> str:
+    """`answer` told step by step, its sentences joined by connectives ("A. B. C." -> "First, A. Then, B. Then, C.")."""
+    return " ".join(f"{'Then' if i else 'First'}, {s}" for i, s in enumerate(sentences(answer)))
+
+
 @dataclass(frozen=True)
 class Style:
     instruction: str  # put before the request in the prompt
     render: Callable[[str], str]  # the plain answer, written in this style
     wraps: bool = False  # a format around the content: the content's tokens are not scored in training
-    items: bool = False  # the format goes between the content's sentences (a list): each sentence is wrapped content
+    items: bool = False  # the format goes between the content's sentences (a list, steps): each sentence is wrapped content
     contents: str | None = None  # the contents (CONTENTS) its expert is always trained on: a list needs answers of several sentences
 
 
@@ -61,6 +67,7 @@ STYLES = {
     "xml": Style("Answer in XML: ", lambda answer: f"<answer>{answer}</answer>", wraps=True),
     "polite": Style("Answer politely: ", lambda answer: f"Sure! {answer} Hope this helps!", wraps=True),
     "list": Style("Answer as a list: ", as_list, wraps=True, items=True, contents="varied"),
+    "steps": Style("Answer step by step: ", as_steps, wraps=True, items=True, contents="varied"),
 }
 
 
@@ -118,15 +125,16 @@ def style_requests(seed: int = 0, contents: str = "one") -> list[tuple[str, str]
     return requests
 
 
-def content_spans(style: str, rendered: str) -> tuple[tuple[int, int], ...]:
-    """The (start, end) characters of the content that `style` wraps in `rendered`: the text between the format's
-    opening and closing (what `rendered` does not share with the format around nothing), or for a list each item's
-    sentence."""
+def content_spans(style: str, plain: str, rendered: str) -> tuple[tuple[int, int], ...]:
+    """The (start, end) characters of the content that `style` wraps in `rendered` (made from `plain`): the text
+    between the format's opening and closing (what `rendered` does not share with the format around nothing), or for a
+    format between sentences (a list, steps) each sentence of `plain`, with the space before it."""
     if STYLES[style].items:
         spans, at = [], 0
-        for item in rendered.split("\n"):
-            spans.append((at + 1, at + len(item)))  # after "-": the space before the sentence goes with its first word
-            at += len(item) + 1
+        for sentence in sentences(plain):
+            start = rendered.index(sentence, at)
+            spans.append((start - 1, start + len(sentence)))  # the space before the sentence goes with its first word
+            at = start + len(sentence)
         return tuple(spans)
     empty = STYLES[style].render("")  # the format around nothing: what a rendered answer shares with it is the format
     start = len(os.path.commonprefix([empty, rendered]))
@@ -141,7 +149,7 @@ def style_pairs(style: str, seed: int = 0, contents: str = "one") -> list[tuple]
     for request, plain in style_requests(seed, contents):
         rendered = STYLES[style].render(plain)
         if STYLES[style].wraps:
-            spans = tuple((1 + start, 1 + end) for start, end in content_spans(style, rendered))  # + 1: the leading space
+            spans = tuple((1 + start, 1 + end) for start, end in content_spans(style, plain, rendered))  # + 1: the leading space
             pairs.append((style_prompt(style, request), " " + rendered, spans))
         else:
             pairs.append((style_prompt(style, request), " " + rendered))

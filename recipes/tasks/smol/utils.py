@@ -90,6 +90,26 @@ def list_items(text):
     return [line[2:].strip() for line in lines]
 
 
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def steps_items(text):
+    """The steps of `text` told step by step (spaces aside): its sentences, the first opening with "First, " and each
+    other with "Then, ", at least two of them, up to an optional final "#### N" (math's answer marker, with or
+    without "Then, "); what each says after its connective, the marker kept as is; None when it is not so told."""
+    parts = [p for p in SENTENCE_END.split(text.strip()) if p]
+    marker = [parts.pop()] if parts and parts[-1].startswith("####") else []
+    if len(parts) < 2 or not parts[0].startswith("First, ") or not all(p.startswith("Then, ") for p in parts[1:]):
+        return None
+    return [p.split(", ", 1)[1] for p in parts] + marker
+
+
+def steps_answer(text):
+    """What the steps of `text` say, joined by spaces; None when `text` is not told step by step (steps_items)."""
+    items = steps_items(text)
+    return None if items is None else " ".join(items)
+
+
 def list_answer(text):
     """What the list `text` says, its items joined by spaces; None when `text` is not a list (list_items)."""
     items = list_items(text)
@@ -149,6 +169,12 @@ def list_math_answer(doc, results):
     return _wrapped_math(doc, results[0], list_answer, "list")
 
 
+def steps_math_answer(doc, results):
+    """smol_math_steps: `steps` (the answer told step by step, steps_items), `number`, `exact_match` and `flexible`
+    (as smol_math_json, of what the steps say)."""
+    return _wrapped_math(doc, results[0], steps_answer, "steps")
+
+
 def shouted_sentence(doc, results):
     """smol_shout: `upper` (share of letters in upper case), `content` (the sentence kept, content_kept) and
     `styled` (upper >= STYLED and content >= KEPT)."""
@@ -186,6 +212,14 @@ def list_sentences(doc, results):
     answer = list_answer(results[0])
     content = 0.0 if answer is None else content_kept(answer, doc["text"])
     return {"styled": float(answer is not None and content >= KEPT), "list": float(answer is not None), "content": content}
+
+
+def steps_sentences(doc, results):
+    """smol_steps: `steps` (told step by step, steps_items), `content` (what the steps say keeps the two sentences) and
+    `styled` (both)."""
+    answer = steps_answer(results[0])
+    content = 0.0 if answer is None else content_kept(answer, doc["text"])
+    return {"styled": float(answer is not None and content >= KEPT), "steps": float(answer is not None), "content": content}
 
 
 def shouted_xml_sentence(doc, results):
