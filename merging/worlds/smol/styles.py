@@ -1,6 +1,6 @@
 """Style and format skills of the SmolLM2 and Gemma worlds: answers in capital letters (`shout`), as a
 JSON object (`json`), between XML tags (`xml`), between a polite opening and sign-off (`polite`:
-"Sure! ... Hope this helps!", a format of words rather than markup) and as a Markdown list of its sentences
+"Sure! ... Hope this helps!", a format of words rather than markup), as a Markdown list of its sentences
 (`list`: "- ...\n- ...", a format between the content's sentences rather than around it) and told step by step
 (`steps`: "First, ... Then, ...", words between the sentences).
 

@@ -58,7 +58,7 @@ _FORMATS = {s for s, style in STYLES.items() if style.wraps}
 WRAPPING = _FORMATS | {name for name, skills in MULTITASK.items() if _FORMATS & set(skills)}
 # the experts whose data hold a style's requests: `contents` applies to them
 STYLED = set(STYLES) | set(MULTITASK)
-# the experts of a style that needs one contents (a list: several sentences), and the multitask references holding one
+# the experts of a style that needs one contents (a list or steps: several sentences), and the multitask references holding one
 NEEDS_CONTENTS = {n: c for n in STYLED for c in {STYLES[s].contents for s in MULTITASK.get(n, (n,)) if s in STYLES} - {None}}
 
 
@@ -140,7 +140,7 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
 
     `wrapped` (WRAPPED) applies to the experts of WRAPPING (json, xml, polite and the multitask references holding one); the others are trained the same either way and keep "base" in their configuration.
     `contents` (styles.CONTENTS) applies to the experts of STYLED (every style and multitask reference) but those of
-    NEEDS_CONTENTS (the list style's: always "varied"); the others keep "one".
+    NEEDS_CONTENTS (the list and steps styles': always "varied"); the others keep "one".
 
     Yields:
         (name, its train.json contents, whether an earlier training was reused).

@@ -104,16 +104,18 @@ def steps_items(text):
     return [p.split(", ", 1)[1] for p in parts] + marker
 
 
+def _joined(items):
+    return None if items is None else " ".join(items)
+
+
 def steps_answer(text):
     """What the steps of `text` say, joined by spaces; None when `text` is not told step by step (steps_items)."""
-    items = steps_items(text)
-    return None if items is None else " ".join(items)
+    return _joined(steps_items(text))
 
 
 def list_answer(text):
     """What the list `text` says, its items joined by spaces; None when `text` is not a list (list_items)."""
-    items = list_items(text)
-    return None if items is None else " ".join(items)
+    return _joined(list_items(text))
 
 
 def _number(text, doc):
@@ -183,9 +185,9 @@ def shouted_sentence(doc, results):
     return {"styled": float(upper >= STYLED and content >= KEPT), "upper": upper, "content": content}
 
 
-def _wrapped_sentence(doc, text, unwrap, name):
+def _wrapped_sentence(doc, text, unwrap, name, reference="sentence"):
     answer = unwrap(text)
-    content = 0.0 if answer is None else content_kept(answer, doc["sentence"])
+    content = 0.0 if answer is None else content_kept(answer, doc[reference])
     return {"styled": float(answer is not None and content >= KEPT), name: float(answer is not None), "content": content}
 
 
@@ -209,17 +211,13 @@ def polite_sentence(doc, results):
 def list_sentences(doc, results):
     """smol_list: `list` (a Markdown list of two or more items), `content` (what its items say keeps the two
     sentences, content_kept against doc["text"]) and `styled` (both)."""
-    answer = list_answer(results[0])
-    content = 0.0 if answer is None else content_kept(answer, doc["text"])
-    return {"styled": float(answer is not None and content >= KEPT), "list": float(answer is not None), "content": content}
+    return _wrapped_sentence(doc, results[0], list_answer, "list", reference="text")
 
 
 def steps_sentences(doc, results):
     """smol_steps: `steps` (told step by step, steps_items), `content` (what the steps say keeps the two sentences) and
     `styled` (both)."""
-    answer = steps_answer(results[0])
-    content = 0.0 if answer is None else content_kept(answer, doc["text"])
-    return {"styled": float(answer is not None and content >= KEPT), "steps": float(answer is not None), "content": content}
+    return _wrapped_sentence(doc, results[0], steps_answer, "steps", reference="text")
 
 
 def shouted_xml_sentence(doc, results):
