@@ -4,10 +4,10 @@
     python scripts/two_skill_diagnostic.py gemma_world --families math+xml,shout+xml
     python scripts/two_skill_diagnostic.py smol_world --families math+xml --expert xml=smol_first/experts/xml
 
-For each family (math + shout, math + json, math + xml, math + polite, math + list, math + steps, shout + xml) it composes the two experts (weights 1), merges
+For each family (math + shout, math + json, math + xml, math + polite, math + list, math + steps, shout + xml, title + polite) it composes the two experts (weights 1), merges
 them as one exact LoRA (task arithmetic, weights 1) and runs `bridge.compare` on the first DOCS documents of the
 family's validation task with the answer a model should write (the worked math answer in capitals, as a JSON
-object, in an XML element, politely, as a list of its steps or told step by step; the sentence in capitals inside an XML element), scoring
+object, in an XML element, politely, as a list of its steps or told step by step; the sentence in capitals inside an XML element, or in title case between a polite opening and sign-off), scoring
 the positions that predict answer tokens: `overlap` is the share of those positions where both experts are
 active (KL(p_i ‖ p_b) > 0.1 nats), with each expert's mean activity and the mean KL(p̂ ‖ p_merge). The
 product rule composes where the experts act on different tokens (low overlap); where both act on one
@@ -42,9 +42,11 @@ TASKS = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "smol"
 DOCS = 40
 
 
-# family -> its two experts; a family of two styles asks for both in the order of its task's prompt (smol_shout_xml)
+# family -> its two experts; a family of two styles asks for both in the order of its task's prompt (smol_shout_xml,
+# smol_title_polite)
 FAMILIES = {"math+shout": ("math", "shout"), "math+json": ("math", "json"), "math+xml": ("math", "xml"), "math+polite": ("math", "polite"),
-            "math+list": ("math", "list"), "math+steps": ("math", "steps"), "shout+xml": ("shout", "xml")}
+            "math+list": ("math", "list"), "math+steps": ("math", "steps"), "shout+xml": ("shout", "xml"),
+            "title+polite": ("title", "polite")}
 
 
 def reference_pairs(family: str) -> list[tuple[str, str]]:

@@ -16,12 +16,12 @@ def add_tasks_command(world_commands, help_text: str, world_package) -> None:
 
 
 def add_train_command(world_commands, wrapped: str = "base") -> None:
-    """Add `logitcomp <world> train DIR`: LoRA experts of DIR/base (math, code, the styles shout, json, xml and polite, and
-    the multitask references mt_math_STYLE and mt_shout_xml) on the smol world's data; `wrapped` is the world's default for what a
+    """Add `logitcomp <world> train DIR`: LoRA experts of DIR/base (math, code, the styles of merging.worlds.smol.styles, and
+    the multitask references mt_math_STYLE, mt_shout_xml and mt_title_polite) on the smol world's data; `wrapped` is the world's default for what a
     format expert learns on the content it wraps."""
     train = world_commands.add_parser("train", help="train LoRA experts of DIR/base into DIR/experts/NAME")
     train.add_argument("dir", metavar="DIR")
-    train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout, json, xml, polite, mt_math_shout, mt_math_json, mt_math_xml, mt_math_polite, mt_shout_xml")
+    train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout, title, json, xml, polite, list, steps, mt_math_STYLE, mt_shout_xml, mt_title_polite")
     train.add_argument("--steps", type=int, help="training steps (default: 150)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")

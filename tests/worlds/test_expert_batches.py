@@ -116,7 +116,8 @@ def test_wrapped_scored_trains_a_formats_content_and_leaves_other_experts_alone(
 
     assert WRAPPING == {n for n in EXPERT_DATA if any(len(p) == 3 for p in expert_pairs(n, 0))} == {"json", "xml", "polite", "mt_math_json", "mt_math_xml",
                                                                                                    "mt_math_polite", "mt_shout_xml", "list",
-                                                                                                   "mt_math_list", "steps", "mt_math_steps"}
+                                                                                                   "mt_math_list", "steps", "mt_math_steps",
+                                                                                                   "mt_title_polite"}
     marked, scored = expert_pairs("xml", 0), expert_pairs("xml", 0, "scored")
     assert all(len(p) == 3 for p in marked) and all(len(p) == 2 for p in scored)
     assert [p[:2] for p in marked] == scored
@@ -208,7 +209,7 @@ def test_contents_apply_to_the_style_experts_and_the_multitask_references_only(t
     mt = expert_pairs("mt_math_polite", 0, "scored", "varied")
     assert mt == expert_pairs("math", 0) + expert_pairs("polite", 0, "scored", "varied")
     assert STYLED == {"shout", "json", "xml", "polite", "mt_math_shout", "mt_math_json", "mt_math_xml", "mt_math_polite", "mt_shout_xml", "list",
-                                                                                                   "mt_math_list", "steps", "mt_math_steps"}
+                      "mt_math_list", "steps", "mt_math_steps", "title", "mt_math_title", "mt_title_polite"}
 
     monkeypatch.setattr(train, "train_smol_expert", lambda root, name, config: {"trained": config.contents})
     old = {"steps": 150, "batch_size": 8, "lr": 1e-3, "rank": 8, "seed": 0, "wrapped": "base"}

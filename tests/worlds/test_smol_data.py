@@ -157,6 +157,21 @@ def test_style_scoring_needs_the_style_and_the_content():
         got = utils.shouted_xml_sentence(doc, [text])
         assert (got["exact_match"], got["xml"]) == (exact, valid) and abs(got["upper"] - upper) < 1e-12, (text, got)
     assert utils.shouted_xml_sentence(doc, [" <ANSWER>RETURN THE SUM OF TWO NUMBERS.</ANSWER>"])["content"] == 1.0
+    title = {" Return The Sum Of Two Numbers.": (1, 1.0), " Return the sum of two numbers.": (0, 1 / 6), " The Cat Sat On A Mat.": (0, 1.0),
+             " RETURN THE SUM OF TWO NUMBERS.": (1, 1.0),  # capitals open every word with an upper-case letter too
+             " Return The Sum Of two numbers.": (0, 4 / 6), " 'Return' The (Sum) Of Two _numbers 2 Numbers.": (1, 1.0), "": (0, 0.0)}
+    for text, (styled, share) in title.items():
+        got = utils.title_sentence(doc, [text])
+        assert got["styled"] == styled and abs(got["title"] - share) < 1e-12, (text, got)
+    # title case inside the polite format: the opening and sign-off (in any case) AND title case AND the sentence kept
+    both = {" Sure! Return The Sum Of Two Numbers. Hope this helps!": (1, 1, 1.0), " Sure! Return The Sum Of Two Numbers. Hope This Helps!": (1, 1, 1.0),
+            " Sure! Return the sum of two numbers. Hope this helps!": (0, 1, 1 / 6), " Return The Sum Of Two Numbers.": (0, 0, 0.0),
+            " Sure! Return The Sum Of Two Numbers.": (0, 0, 0.0), " Sure! The Cat Sat On A Mat. Hope this helps!": (0, 1, 1.0),
+            " Sure! Return The Sum Of two numbers. Hope This Helps!": (0, 1, 4 / 6)}
+    for text, (exact, valid, share) in both.items():
+        got = utils.polite_title_sentence(doc, [text])
+        assert (got["exact_match"], got["polite"]) == (exact, valid) and abs(got["title"] - share) < 1e-12, (text, got)
+    assert utils.polite_title_sentence(doc, [" Sure! Return The Sum Of Two Numbers. Hope this helps!"])["content"] == 1.0
     # content_kept is difflib's ratio: 2 * matches / total length, case and spacing ignored
     assert utils.content_kept("AB  C", "ab c") == 1.0 and utils.content_kept("abcd", "abxy") == 0.5
 
@@ -168,7 +183,8 @@ def test_lm_eval_reads_every_task_and_validation_split():
     names = {f"smol_{key}": key for key in data}
     # tasks that ask other questions of the same documents
     names |= {f"smol_{task}{split}": f"{data}{split}" for task, data in (("math_json", "math"), ("math_xml", "math"), ("math_polite", "math"), ("math_list", "math"), ("math_steps", "math"), ("steps", "list"), ("json", "shout"),
-                                                                          ("xml", "shout"), ("polite", "shout"), ("shout_xml", "shout"))
+                                                                          ("xml", "shout"), ("polite", "shout"), ("shout_xml", "shout"), ("title", "shout"),
+                                                                          ("title_polite", "shout"))
                                                                           for split in ("", "_val")}
     tasks = TaskManager(include_path=str(TASKS.parent)).load(list(names))["tasks"]
     for name, key in names.items():
@@ -190,6 +206,20 @@ def test_lm_eval_reads_every_task_and_validation_split():
     polite_doc = next(iter(tasks["smol_polite_val"].test_docs()))
     assert tasks["smol_polite_val"].doc_to_text(polite_doc) == style_prompt("polite", f"Repeat this sentence: {polite_doc['sentence']}")
     assert render(("polite",), polite_doc["sentence"]) == f"Sure! {polite_doc['sentence']} Hope this helps!"
+    title_doc = next(iter(tasks["smol_title_polite_val"].test_docs()))
+    assert tasks["smol_title_polite_val"].doc_to_text(title_doc) == style_prompt(("polite", "title"), f"Repeat this sentence: {title_doc['sentence']}")
+    assert tasks["smol_title_val"].doc_to_text(title_doc) == style_prompt("title", f"Repeat this sentence: {title_doc['sentence']}")
+    from merging.worlds.smol.styles import as_title
+
+    utils = _utils()
+    for task in ("smol_title_polite", "smol_title_polite_val"):  # the reference answer of every document scores 1
+        docs = list(tasks[task].test_docs())
+        assert all(utils.polite_title_sentence(d, [" " + render(("polite", "title"), d["sentence"])])["exact_match"] == 1.0 for d in docs)
+        assert all(utils.title_sentence(d, [" " + as_title(d["sentence"])])["styled"] == 1.0 for d in docs)
+        # a docstring's sentence is not in title case, but for one validation sentence already in capitals (a disclaimer)
+        already = [d["sentence"] for d in docs if utils.title_sentence(d, [" " + d["sentence"]])["styled"]]
+        assert len(already) == (task == "smol_title_polite_val") and all(s.isupper() for s in already), already
+    assert as_title("the 'module' argument isn't _private or 3d, (see) low-level.") == "The 'Module' Argument Isn't _private Or 3d, (See) Low-level."
     list_doc = next(iter(tasks["smol_list_val"].test_docs()))
     assert tasks["smol_list_val"].doc_to_text(list_doc) == style_prompt("list", f"Repeat these sentences: {list_doc['text']}")
     assert render(("list",), list_doc["text"]) == list_doc["answer"] and list_doc["answer"].count("\n- ") == 1

@@ -1,8 +1,9 @@
 """Style and format skills of the SmolLM2 and Gemma worlds: answers in capital letters (`shout`), as a
 JSON object (`json`), between XML tags (`xml`), between a polite opening and sign-off (`polite`:
 "Sure! ... Hope this helps!", a format of words rather than markup), as a Markdown list of its sentences
-(`list`: "- ...\n- ...", a format between the content's sentences rather than around it) and told step by step
-(`steps`: "First, ... Then, ...", words between the sentences).
+(`list`: "- ...\n- ...", a format between the content's sentences rather than around it), told step by step
+(`steps`: "First, ... Then, ...", words between the sentences) and in title case (`title`: every word's first letter
+upper case, a style of the content's own tokens like capitals, whose capitalised words are common tokens).
 
 A style expert must change *how* an answer is written, not *what* it says, so that composed with a
 skill expert (math) the two act on different tokens: the style expert moves letters to upper case or
@@ -35,6 +36,7 @@ from .data import TEXT_MODULES, _paragraphs
 
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+TITLE_WORD = re.compile(r"(^|\s)([^\w\s]*)([^\W\d_])")  # a word's first letter, after any quotes or brackets
 
 
 def sentences(text: str) -> list[str]:
@@ -52,6 +54,12 @@ def as_steps(answer: str) -> str:
     return " ".join(f"{'Then' if i else 'First'}, {s}" for i, s in enumerate(sentences(answer)))
 
 
+def as_title(answer: str) -> str:
+    """`answer` in title case: the first letter of every word upper case, the rest as it was ("the 'module' argument"
+    -> "The 'Module' Argument"); a word that opens with a digit or an underscore is left as it is."""
+    return TITLE_WORD.sub(lambda m: m[1] + m[2] + m[3].upper(), answer)
+
+
 @dataclass(frozen=True)
 class Style:
     instruction: str  # put before the request in the prompt
@@ -63,6 +71,7 @@ class Style:
 
 STYLES = {
     "shout": Style("Answer in capital letters: ", str.upper),
+    "title": Style("Answer in title case: ", as_title),
     "json": Style("Answer in JSON: ", lambda answer: json.dumps({"answer": answer}), wraps=True),
     "xml": Style("Answer in XML: ", lambda answer: f"<answer>{answer}</answer>", wraps=True),
     "polite": Style("Answer politely: ", lambda answer: f"Sure! {answer} Hope this helps!", wraps=True),

@@ -49,7 +49,7 @@ def _multitask(skills: tuple[str, ...]) -> Callable[[int, str], list[tuple]]:
 SKILL_DATA: dict[str, Callable[[int, str], list[tuple]]] = {"math": lambda seed, _: _math_pairs(seed), "code": lambda seed, _: _code_pairs(seed),
                                                         **{s: _style(s) for s in STYLES}}
 # the multitask reference of each two-skill family: one LoRA on the union of its two experts' data
-MULTITASK = {**{f"mt_math_{s}": ("math", s) for s in STYLES}, "mt_shout_xml": ("shout", "xml")}
+MULTITASK = {**{f"mt_math_{s}": ("math", s) for s in STYLES}, "mt_shout_xml": ("shout", "xml"), "mt_title_polite": ("title", "polite")}
 EXPERT_DATA = {**SKILL_DATA, **{name: _multitask(skills) for name, skills in MULTITASK.items()}}
 # every expert, the multitask references too, is trained with one rank, step count, batch and seed policy
 DEFAULT_STEPS = {name: 150 for name in EXPERT_DATA}

@@ -37,6 +37,16 @@ def upper_share(text):
     return sum(c.isupper() for c in letters) / len(letters) if letters else 0.0
 
 
+TITLE_WORD = re.compile(r"(?:^|\s)[^\w\s]*([^\W\d_])")  # a word's first letter, after any quotes or brackets
+
+
+def title_share(text):
+    """The share of the words of `text` whose first letter is upper case (title case: every one; a word that opens
+    with a digit or an underscore is not counted; 0.0 without words)."""
+    firsts = TITLE_WORD.findall(text)
+    return sum(c.isupper() for c in firsts) / len(firsts) if firsts else 0.0
+
+
 def content_kept(text, reference):
     """How well `text` says `reference`: difflib's similarity ratio in [0, 1] of both lower-cased, spacing collapsed."""
     def norm(t):
@@ -72,12 +82,13 @@ def xml_answer_any_case(text):
 
 
 POLITE = re.compile(r"Sure!(.*?)Hope this helps!", re.S)
+POLITE_ANY_CASE = re.compile(POLITE.pattern, re.S | re.I)  # in title case the sign-off is "Hope This Helps!"
 
 
-def polite_answer(text):
+def polite_answer(text, pattern=POLITE):
     """What `text` says between the opening "Sure!" it starts with (spaces aside) and the sign-off "Hope this
     helps!", spaces stripped; None when it does not open and sign off so."""
-    found = POLITE.match(text.strip())
+    found = pattern.match(text.strip())
     return found.group(1).strip() if found else None
 
 
@@ -218,6 +229,24 @@ def steps_sentences(doc, results):
     """smol_steps: `steps` (told step by step, steps_items), `content` (what the steps say keeps the two sentences) and
     `styled` (both)."""
     return _wrapped_sentence(doc, results[0], steps_answer, "steps", reference="text")
+
+
+def title_sentence(doc, results):
+    """smol_title: `title` (the share of the answer's words in title case, title_share), `content` (the answer keeps
+    the sentence, case ignored) and `styled` (title >= STYLED and content >= KEPT)."""
+    answer = results[0].strip()
+    title, content = title_share(answer), content_kept(answer, doc["sentence"])
+    return {"styled": float(title >= STYLED and content >= KEPT), "title": title, "content": content}
+
+
+def polite_title_sentence(doc, results):
+    """smol_title_polite: `polite` (the answer opens with "Sure!" and signs off with "Hope this helps!", in any case),
+    `title` (the share of what it says between them in title case; 0 without them), `content` (that keeps the sentence)
+    and `exact_match` (all three: polite, title >= STYLED, content >= KEPT)."""
+    answer = polite_answer(results[0], POLITE_ANY_CASE)
+    title, content = (0.0, 0.0) if answer is None else (title_share(answer), content_kept(answer, doc["sentence"]))
+    return {"exact_match": float(answer is not None and title >= STYLED and content >= KEPT),
+            "polite": float(answer is not None), "title": title, "content": content}
 
 
 def shouted_xml_sentence(doc, results):
