@@ -60,9 +60,9 @@ gemma: $(STAMP)
 
 # Two skills in one answer (docs/two-skill.md): the math expert, the shout, json and xml style experts and
 # the multitask LoRAs, then recipes/smol-two-skill.yaml, smol-two-skill-xml.yaml, smol-two-skill-styles.yaml (a probe;
-# its style experts in smol_styles), smol-two-skill-polite.yaml (seed 1, smol_world_seed1) and smol-two-skill-xml-first.yaml
-# (the xml expert and its multitask LoRA with the content's first token scored, in smol_first; gemma: recipes/gemma3-two-skill.yaml,
-# gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml, gemma3-two-skill-polite.yaml).
+# its style experts in smol_styles), smol-two-skill-polite.yaml (seed 1, smol_world_seed1), smol-two-skill-xml-first.yaml
+# (the xml expert and its multitask LoRA with the content's first token scored, in smol_first) and smol-two-skill-title.yaml; gemma: recipes/gemma3-two-skill.yaml,
+# gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml, gemma3-two-skill-polite.yaml, gemma3-two-skill-title.yaml).
 TWO_SKILL_EXPERTS := math,json,mt_math_json
 smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
@@ -79,14 +79,17 @@ smol-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_first
 	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_first --experts xml,mt_math_xml --wrapped first
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-xml-first.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts title,polite,mt_title_polite
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-title.yaml
 
 gemma-two-skill: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml,shout,mt_shout_xml,polite,mt_math_polite
+	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml,shout,mt_shout_xml,polite,mt_math_polite,title,mt_title_polite
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill.yaml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-xml.yaml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-styles.yaml
 	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-polite.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-title.yaml
 
 clean:
 	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world smol_world_seed1 smol_styles smol_first gemma_world .pytest_cache
