@@ -68,7 +68,8 @@ def ours(out: Path) -> bool:
 def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> None:
     """Refuse an output folder that holds another recipe's results (unless `force`). The selections
     (`evaluate.select_on`, a row's `select_on`) may change: it picks among finished results and changes none of them;
-    and rows may be added (the recorded rows all kept as they were): only the new ones run."""
+    and rows and experts may be added (the recorded ones all kept as they were): only the new rows, and the rows whose
+    experts changed (a row's recorded inputs name its experts), run."""
     recorded = out / "recipe.yaml"
     if not recorded.exists() or force:
         return
@@ -78,7 +79,9 @@ def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> Non
         before = None  # not a recipe this version wrote
     now = _without_selection(recipe.model_dump(mode="json"))
     rows_before, rows_now = (before or {}).pop("variants", None), now.pop("variants")
-    if before != now or not isinstance(rows_before, list) or any(row not in rows_now for row in rows_before):
+    experts_before, experts_now = (before or {}).pop("experts", None), now.pop("experts")
+    if (before != now or not isinstance(rows_before, list) or any(row not in rows_now for row in rows_before)
+            or not isinstance(experts_before, dict) or any(k not in experts_now or experts_now[k] != v for k, v in experts_before.items())):
         raise RecipeError(f"output: {out} holds results of a different recipe; choose another output or pass --force")
 
 

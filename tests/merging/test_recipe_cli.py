@@ -320,6 +320,27 @@ def test_a_recipe_that_only_adds_rows_reuses_its_output(tiny, tmp_path):
             check_recorded_recipe(paths.output, load_recipe(write_recipe(tmp_path, tiny, variants=variants))[0])
 
 
+def test_a_recipe_that_adds_an_expert_reuses_its_output_and_runs_the_rows_it_changes(tiny, tmp_path, monkeypatch):
+    """An expert may be added to a finished run's recipe: its row and the rows that combine every expert (no
+    `experts:`) run, the others are reused; a changed or removed expert is another recipe."""
+    import merging.runner as runner
+    from merging.output import check_recorded_recipe
+
+    calls = []
+    real = runner.evaluate_variant
+    monkeypatch.setattr(runner, "evaluate_variant", lambda v, *a: calls.append(v.name) or real(v, *a))
+    a = {"path": str(tiny.adapters["a"]), "weight": 1.0}
+    rows = ["base", "experts", {"name": "c", "kind": "composed"}, {"name": "ca", "kind": "composed", "experts": ["a"]}]
+    runner.run_recipe(write_recipe(tmp_path, tiny, experts={"a": a}, variants=rows), echo=lambda *_: None)
+    assert calls == ["base", "a", "c", "ca"]
+    runner.run_recipe(write_recipe(tmp_path, tiny, experts={"a": a, "b": str(tiny.adapters["b"])}, variants=rows), echo=lambda *_: None)
+    assert calls[4:] == ["b", "c"]
+    out = tmp_path / "out"
+    for experts in ({"a": a}, {"a": str(tiny.adapters["b"]), "b": str(tiny.adapters["b"])}):  # b removed; a changed
+        with pytest.raises(RecipeError, match=r"holds results of a different recipe"):
+            check_recorded_recipe(out, load_recipe(write_recipe(tmp_path, tiny, experts=experts, variants=rows))[0])
+
+
 def test_another_recipe_written_before_the_lock_is_caught_under_it(tiny, tmp_path, monkeypatch):
     """Issue 30.4: the recorded-recipe check ran only before the lock (hub downloads in between), so two recipes
     on one output could interleave; it runs again once the lock is held."""

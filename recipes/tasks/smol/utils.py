@@ -239,21 +239,23 @@ def title_sentence(doc, results):
     return {"styled": float(title >= STYLED and content >= KEPT), "title": title, "content": content}
 
 
+def _styled_wrapped_sentence(doc, answer, name, share, share_name):
+    """The metrics of a sentence restyled inside a format: `name` (the format found: `answer` is what it wraps, None
+    without it), `share_name` (share(answer), the style's share; 0 without the format), `content` (the answer keeps the
+    sentence) and `exact_match` (all three: the format, the share >= STYLED, content >= KEPT)."""
+    styled, content = (0.0, 0.0) if answer is None else (share(answer), content_kept(answer, doc["sentence"]))
+    return {"exact_match": float(answer is not None and styled >= STYLED and content >= KEPT),
+            name: float(answer is not None), share_name: styled, "content": content}
+
+
 def polite_title_sentence(doc, results):
     """smol_title_polite: `polite` (the answer opens with "Sure!" and signs off with "Hope this helps!", in any case),
-    `title` (the share of what it says between them in title case; 0 without them), `content` (that keeps the sentence)
-    and `exact_match` (all three: polite, title >= STYLED, content >= KEPT)."""
-    answer = polite_answer(results[0], POLITE_ANY_CASE)
-    title, content = (0.0, 0.0) if answer is None else (title_share(answer), content_kept(answer, doc["sentence"]))
-    return {"exact_match": float(answer is not None and title >= STYLED and content >= KEPT),
-            "polite": float(answer is not None), "title": title, "content": content}
+    `title` (the share of what it says between them in title case, title_share), `content` and `exact_match`
+    (_styled_wrapped_sentence)."""
+    return _styled_wrapped_sentence(doc, polite_answer(results[0], POLITE_ANY_CASE), "polite", title_share, "title")
 
 
 def shouted_xml_sentence(doc, results):
     """smol_shout_xml: `xml` (an <answer> or <ANSWER> element), `upper` (the share of its content's letters in
-    upper case; 0 without one), `content` (its content keeps the sentence) and `exact_match` (all three: xml,
-    upper >= STYLED, content >= KEPT)."""
-    answer = xml_answer_any_case(results[0])
-    upper, content = (0.0, 0.0) if answer is None else (upper_share(answer), content_kept(answer, doc["sentence"]))
-    return {"exact_match": float(answer is not None and upper >= STYLED and content >= KEPT),
-            "xml": float(answer is not None), "upper": upper, "content": content}
+    upper case, upper_share), `content` and `exact_match` (_styled_wrapped_sentence)."""
+    return _styled_wrapped_sentence(doc, xml_answer_any_case(results[0]), "xml", upper_share, "upper")
