@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from .rules import get_rule
 
 DEFAULT_FLOOR = -1e4  # the paper's code clamps base log-probs here
-EOS_POLICIES = ("compose", "base", "any", "all", "top")
+EOS_POLICIES = ("compose", "base", "any", "all", "all_experts", "top")
 # Bounds that keep the composition finite in fp32: each term w_i * (log p_i - log p_b) is at most
 # MAX_WEIGHT * |MIN_FLOOR| = 1e15 (fp32 holds 3.4e38); no useful composition comes near them.
 MAX_WEIGHT = 1e6
@@ -158,7 +158,8 @@ class CompositionConfig:
             negative weights make anti-experts).
         floor: log-probs are clamped here before the log-ratios are taken (the paper used -1e4).
         eos_policy: how EOS is scored: `compose` (the composition, as in the paper), `base` (the
-            base alone), `any` (max over base and experts), `all` (min over base and experts), `top`
+            base alone), `any` (max over base and experts), `all` (min over base and experts), `all_experts`
+            (min over the experts alone: the answer ends where every expert would end it), `top`
             (the expert of the largest weight at that position: with routing, the top-routed one).
             The paper reports termination instability with more than two experts.
         masks: expert name -> token ids on which its log-ratio applies (the paper's factorised

@@ -154,7 +154,8 @@ def apply_eos_policy(
         base, experts: the log-probs (or logits) the composition was made from.
         eos_ids: token ids that end a sequence (a list, or a tensor (E,) on the logits' device).
         policy: `compose` (leave as is: the paper), `base` (EOS scored by the base alone),
-            `any` (max over base and experts), `all` (min over base and experts), `top` (the first
+            `any` (max over base and experts), `all` (min over base and experts), `all_experts` (min over
+            the experts, the base left out), `top` (the first
             expert of the largest weight; with routing the model passes per-position weights).
 
     Returns:
@@ -178,7 +179,7 @@ def _top(models: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 # None: as composed
 EOS_PICKS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = {
     "compose": None, "base": lambda m, w: m[0], "any": lambda m, w: m.max(0).values, "all": lambda m, w: m.min(0).values,
-    "top": _top,
+    "all_experts": lambda m, w: m[1:].min(0).values, "top": _top,
 }
 
 

@@ -81,7 +81,7 @@ def table(task: str, metric: str, runs: list[Path], row: str | None = None, also
         ratio = p_row / p_n if p_n else float("inf")
         others = [pooled(at_seeds(n, t, m)) for t, m in extra]
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {p_n:.3f} ± {se_n:.3f} ({docs}) | "
-                     + ("-" if n == row else f"{diff:.1f}") + " | " + ("-" if n == row else f"{ratio:.2f}") + " |"
+                     + ("-" if n == row else f"{diff:.2f}") + " | " + ("-" if n == row else f"{ratio:.2f}") + " |"
                      + "".join(f" {q:.3f} ± {se:.3f} |" for q, se, _ in others))
     if missing:
         lines.append(f"\nNot at every seed, left out: {', '.join(missing)}")

@@ -228,7 +228,7 @@ def test_masks_apply_each_ratio_on_its_tokens_only(tiny, refs, tok):
     assert (got - want).abs().max() <= TOL
 
 
-@pytest.mark.parametrize("policy", ["compose", "base", "any", "all"])
+@pytest.mark.parametrize("policy", ["compose", "base", "any", "all", "all_experts"])
 def test_eos_policy_against_hand_computation(tiny, refs, tok, policy):
     names = ["a", "b", "c"]
     composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), config=CompositionConfig(eos_policy=policy))
@@ -237,7 +237,8 @@ def test_eos_policy_against_hand_computation(tiny, refs, tok, policy):
     plain = hand_compose(lb, experts, [1.0] * 3)
     eos = tok.eos_token_id
     col = torch.stack([m[:, eos] for m in (lb, *experts)])
-    want_eos = {"compose": plain[:, eos], "base": col[0], "any": col.max(0).values, "all": col.min(0).values}[policy]
+    want_eos = {"compose": plain[:, eos], "base": col[0], "any": col.max(0).values, "all": col.min(0).values,
+                "all_experts": col[1:].min(0).values}[policy]
     with torch.no_grad():
         got = composed(torch.tensor([ids])).logits[0].double()
     assert (got[:, eos] - want_eos).abs().max() <= TOL

@@ -142,14 +142,15 @@ def test_masks_restrict_each_expert_to_its_tokens():
     assert (out.double() - torch.log_softmax(total, -1)).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("policy", ["base", "any", "all"])
+@pytest.mark.parametrize("policy", ["base", "any", "all", "all_experts"])
 def test_eos_policies(policy):
     base, e1, e2 = (torch.log_softmax(_rand(4, seed=s), -1).double() for s in (14, 15, 16))
     composed = compose_logprobs(base, [e1, e2])
     eos = 5
     out = apply_eos_policy(composed, base, [e1, e2], [eos], policy).double()
     stack = torch.stack([base[:, eos], e1[:, eos], e2[:, eos]])
-    want_eos = {"base": stack[0], "any": stack.max(0).values, "all": stack.min(0).values}[policy]
+    want_eos = {"base": stack[0], "any": stack.max(0).values, "all": stack.min(0).values,
+                "all_experts": torch.minimum(e1[:, eos], e2[:, eos])}[policy]
     assert (out[:, eos] - want_eos).abs().max() <= 1e-5
     others = [i for i in range(V) if i != eos]
     # non-EOS tokens keep their composed ratios

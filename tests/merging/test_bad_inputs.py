@@ -139,7 +139,7 @@ CASES = {
     "floor zero": _r(r"compose: floor: expected a negative number >= -1e9, got 0", "run", compose={"floor": 0}),
     "floor NaN": _r(r"compose: floor: expected a negative number >= -1e9, got nan", compose={"floor": float("nan")}),
     "floor as text": _r(r"compose: floor: expected a number, got the text '-1.0e4' \(YAML reads an exponent", compose={"floor": "-1.0e4"}),
-    "eos policy": _r(r"compose: eos_policy: expected one of \['compose', 'base', 'any', 'all', 'top'\], got 'first'", compose={"eos_policy": "first"}),
+    "eos policy": _r(r"compose: eos_policy: expected one of \['compose', 'base', 'any', 'all', 'all_experts', 'top'\], got 'first'", compose={"eos_policy": "first"}),
     "negative mask id": _r(r"compose: masks\['a'\]: expected a list of non-negative token ids", compose={"masks": {"a": [3, -1]}}),
     "mask of an unknown expert": _r(r"compose\.masks: unknown expert 'z'", compose={"masks": {"z": [3]}}),
     "mask id past the vocabulary": _r(r"compose\.masks\['a'\]: token id 500 is outside the base's vocabulary of 99", "run", compose={"masks": {"a": [3, 500]}}),

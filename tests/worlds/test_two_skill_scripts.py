@@ -37,8 +37,8 @@ def test_seeds_pool_each_row_at_its_validated_lambda(tmp_path):
     assert rows["composed"][3] == f"{p:.3f} ± {se:.3f} (90)"
     q = (0.1 * 50 + 0.04 * 40) / 90  # ta at λ 0.5 at both seeds
     se_q = math.sqrt(q * (1 - q) / 89)
-    assert rows["ta"][4] == f"{(p - q) / math.hypot(se, se_q):.1f}" and rows["ta"][5] == f"{p / q:.2f}"
-    assert rows["math"][4] == f"{p / se:.1f}" and rows["math"][5] == "inf"
+    assert rows["ta"][4] == f"{(p - q) / math.hypot(se, se_q):.2f}" and rows["ta"][5] == f"{p / q:.2f}"
+    assert rows["math"][4] == f"{p / se:.2f}" and rows["math"][5] == "inf"
     styled = (0.15 * 40 + 0.1 * 40) / 80  # half of composed's 0.3 and 0.2, each on 40 sentences
     assert rows["composed"][6] == f"{styled:.3f} ± {math.sqrt(styled * (1 - styled) / 79):.3f} |"
     assert out[-1] == "Not at every seed, left out: extra"
