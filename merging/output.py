@@ -81,7 +81,7 @@ def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> Non
     rows_before, rows_now = (before or {}).pop("variants", None), now.pop("variants")
     experts_before, experts_now = (before or {}).pop("experts", None), now.pop("experts")
     if (before != now or not isinstance(rows_before, list) or any(row not in rows_now for row in rows_before)
-            or not isinstance(experts_before, dict) or any(k not in experts_now or experts_now[k] != v for k, v in experts_before.items())):
+            or not isinstance(experts_before, dict) or not experts_before.items() <= experts_now.items()):
         raise RecipeError(f"output: {out} holds results of a different recipe; choose another output or pass --force")
 
 
