@@ -230,15 +230,20 @@ def test_masks_apply_each_ratio_on_its_tokens_only(tiny, refs, tok):
 
 @pytest.mark.parametrize("policy", ["compose", "base", "any", "all", "all_experts"])
 def test_eos_policy_against_hand_computation(tiny, refs, tok, policy):
+    """The EOS token is the one where the base is most often the least likely model (generation_config names it), so
+    that every policy's pick differs from every other's: `all` from `all_experts` above all."""
     names = ["a", "b", "c"]
     composed = ComposedModelForCausalLM.from_experts(tiny.base, _paths(tiny, names), config=CompositionConfig(eos_policy=policy))
     ids = tok("ABCAB>CC").input_ids
     lb, experts = row_logprobs(refs["base"], ids), [row_logprobs(refs[n], ids) for n in names]
     plain = hand_compose(lb, experts, [1.0] * 3)
-    eos = tok.eos_token_id
+    lowest = torch.stack(experts).min(0).values - lb  # (T, V): > 0 where the base is below every expert
+    eos = int((lowest > 0).sum(0).argmax())
+    composed.generation_config.eos_token_id = eos
     col = torch.stack([m[:, eos] for m in (lb, *experts)])
-    want_eos = {"compose": plain[:, eos], "base": col[0], "any": col.max(0).values, "all": col.min(0).values,
-                "all_experts": col[1:].min(0).values}[policy]
+    picks = [plain[:, eos], col[0], col.max(0).values, col.min(0).values, col[1:].min(0).values]
+    assert all((x - y).abs().max() > 1e-3 for i, x in enumerate(picks) for y in picks[i + 1:])  # the policies differ here
+    want_eos = dict(zip(["compose", "base", "any", "all", "all_experts"], picks))[policy]
     with torch.no_grad():
         got = composed(torch.tensor([ids])).logits[0].double()
     assert (got[:, eos] - want_eos).abs().max() <= TOL

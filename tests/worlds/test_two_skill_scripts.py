@@ -60,3 +60,26 @@ def test_two_skill_diagnostic_refuses_an_expert_it_cannot_use(tmp_path, capsys):
     with pytest.raises(SystemExit):
         td.main([str(tmp_path), "--families", "math+polite", "--expert", f"xml={adapter}"])
     assert "xml is in none of the families math+polite" in capsys.readouterr().err
+
+
+def test_sign_off_strict_counts_only_right_answers_that_end_at_the_sign_off(tmp_path, capsys):
+    """scripts/sign_off_strict.py on hand-made lm-eval samples: a right answer that runs on past the sign-off, or signs
+    off twice, is not counted; a wrong answer that ends at it is not either; the scorer's any-case sign-off is."""
+    import sign_off_strict
+
+    folder = tmp_path / "run" / "lm_eval" / "c[lambda=1]" / "model"
+    folder.mkdir(parents=True)
+    (folder / "results_2026-01-01T00.json").write_text(json.dumps({"configs": {"polite_task": {"output_type": "generate_until"}}}))
+    docs = [(" Sure! A Cat. Hope this helps! ", 1.0), ("Sure! A Cat. Hope This Helps!", 1.0),
+            ("Sure! A Cat. Hope This Helps! Links Below.", 1.0), ("Sure! A Cat. Hope this helps! Hope this helps!", 1.0),
+            ("Sure! a cat. Hope this helps!", 0.0), ("A Cat.", 0.0)]
+    (folder / "samples_polite_task_2026-01-01T00.jsonl").write_text(
+        "".join(json.dumps({"doc_id": i, "resps": [[t]], "exact_match": m}) + "\n" for i, (t, m) in enumerate(docs)))
+    pattern = sign_off_strict.polite_pattern()
+    assert [sign_off_strict.ends_at_sign_off(t, pattern) for t, _ in docs] == [True, True, False, False, True, False]
+    sign_off_strict.main(["polite_task", str(tmp_path / "run" / "c[lambda=1]")])
+    exact, strict = 4 / 6, 2 / 6
+    se = [math.sqrt(p * (1 - p) / 5) for p in (exact, strict)]
+    assert f"| c[lambda=1] | 6 | {exact:.3f} ± {se[0]:.3f} | {strict:.3f} ± {se[1]:.3f} |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no samples of other_task"):
+        sign_off_strict.main(["other_task", str(tmp_path / "run" / "c[lambda=1]")])
