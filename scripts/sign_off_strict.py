@@ -36,8 +36,9 @@ def ends_at_sign_off(answer: str, pattern) -> bool:
 
 
 def mean_se(hits: int, n: int) -> str:
+    """`hits` of `n` documents as "mean ± standard error" (nan for a single document, as lm-eval gives)."""
     p = hits / n
-    return f"{p:.3f} ± {math.sqrt(p * (1 - p) / (n - 1)):.3f}"
+    return f"{p:.3f} ± {math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else math.nan:.3f}"
 
 
 def strict(docs: dict[int, dict], pattern) -> tuple[int, int, int]:
