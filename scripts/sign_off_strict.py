@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 from pathlib import Path
 
 from same_text import samples, text
+from two_skill_seeds import pooled
 
 UTILS = Path(__file__).resolve().parent.parent / "recipes" / "tasks" / "smol" / "utils.py"
 
@@ -36,9 +36,9 @@ def ends_at_sign_off(answer: str, pattern) -> bool:
 
 
 def mean_se(hits: int, n: int) -> str:
-    """`hits` of `n` documents as "mean ± standard error" (nan for a single document, as lm-eval gives)."""
-    p = hits / n
-    return f"{p:.3f} ± {math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else math.nan:.3f}"
+    """`hits` of `n` documents as "mean ± standard error" (two_skill_seeds.pooled's, over one run)."""
+    p, se, _ = pooled([(hits / n, n)])
+    return f"{p:.3f} ± {se:.3f}"
 
 
 def strict(docs: dict[int, dict], pattern) -> tuple[int, int, int]:

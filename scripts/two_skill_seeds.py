@@ -39,10 +39,11 @@ def score(result: dict, task: str, metric: str) -> tuple[float, int]:
 
 
 def pooled(scores: list[tuple[float, int]]) -> tuple[float, float, int]:
-    """(mean over every document, its standard error sqrt(p(1-p)/(n-1)), documents) of per-seed (mean, documents)."""
+    """(mean over every document, its standard error sqrt(p(1-p)/(n-1)), nan for one document as lm-eval gives,
+    documents) of per-seed (mean, documents)."""
     n = sum(k for _, k in scores)
     p = sum(m * k for m, k in scores) / n
-    return p, math.sqrt(p * (1 - p) / (n - 1)), n
+    return p, math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else math.nan, n
 
 
 def composed_row(results: dict) -> str:
