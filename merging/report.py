@@ -57,11 +57,13 @@ def markdown_table(results: dict[str, dict[str, dict]], tasks: list[str], rows: 
 
 def main_table(results: dict, tasks: list[str], variants: list[Variant], chosen: dict) -> str:
     """The table a reader reads first: each swept family at its `chosen` value (`sweeps.select`), the
-    validation tasks that chose left out (with no family chosen, every row and task)."""
+    validation tasks that chose left out (with no family chosen, every row and task; a recipe of validation
+    tasks only, a probe, keeps them: the chosen rows' validation scores)."""
     if not chosen:
         return markdown_table(results, tasks)
     validation = {c["on"]["task"] for c in chosen.values()}
-    table = markdown_table(results, [t for t in tasks if t not in validation], main_rows(variants, chosen))
+    shown = [t for t in tasks if t not in validation] or tasks
+    table = markdown_table(results, shown, main_rows(variants, chosen))
     picks = "; ".join(f"{f}: {c['parameter']}={c['value']:g} ({c['on']['task']} {c['on']['metric']} {c['score']:.3f})"
                       for f, c in chosen.items())
     return f"{table}\nChosen on validation: {picks}\n"

@@ -82,6 +82,22 @@ def test_selection_is_the_validation_argmax_and_reports_that_values_test_score()
         select(results, rows, SelectSpec(task="val", metric="accuracy"))
 
 
+def test_the_main_table_leaves_out_the_choosing_task_unless_it_is_the_only_one():
+    from merging.report import main_table
+
+    rows = _rows(["base", {"name": "ta", "kind": "merged", "sweep": {"lambda": [0.5, 1.0]}}])
+    val = {"base": 0.1, "ta[lambda=0.5]": 0.2, "ta[lambda=1]": 0.6}
+    both = {n: {"val": {"exact_match,none": v}, "test": {"exact_match,none": 1 - v}} for n, v in val.items()}
+    chosen = select(both, rows, SelectSpec(task="val", metric="exact_match"))
+    table = main_table(both, ["val", "test"], rows, chosen).splitlines()
+    assert table[:4] == ["| variant | test |", "|---|---|", "| base | 0.900 |", "| ta[lambda=1] | 0.400 |"]
+    # a probe on its validation task alone: the chosen rows' scores there, not a table without columns
+    only = {n: {"val": r["val"]} for n, r in both.items()}
+    table = main_table(only, ["val"], rows, chosen).splitlines()
+    assert table[:4] == ["| variant | val |", "|---|---|", "| base | 0.100 |", "| ta[lambda=1] | 0.600 |"]
+    assert table[-1] == "Chosen on validation: ta: lambda=1 (val exact_match 0.600)"
+
+
 def test_a_row_may_combine_some_experts_and_choose_on_its_own_validation_task():
     from merging.kinds import KINDS
 
