@@ -159,7 +159,8 @@ class CompositionConfig:
         floor: log-probs are clamped here before the log-ratios are taken (the paper used -1e4).
         eos_policy: how EOS is scored: `compose` (the composition, as in the paper), `base` (the
             base alone), `any` (max over base and experts), `all` (min over base and experts), `all_experts`
-            (min over the experts alone: the answer ends where every expert would end it), `top`
+            (min over the experts alone: the answer ends where every expert would end it; with routing, every
+            expert whose gate is not 0), `top`
             (the expert of the largest weight at that position: with routing, the top-routed one).
             The paper reports termination instability with more than two experts.
         masks: expert name -> token ids on which its log-ratio applies (the paper's factorised

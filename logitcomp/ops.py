@@ -155,7 +155,7 @@ def apply_eos_policy(
         eos_ids: token ids that end a sequence (a list, or a tensor (E,) on the logits' device).
         policy: `compose` (leave as is: the paper), `base` (EOS scored by the base alone),
             `any` (max over base and experts), `all` (min over base and experts), `all_experts` (min over
-            the experts, the base left out), `top` (the first
+            the experts in use, the base left out: with routing, those whose gate is not 0), `top` (the first
             expert of the largest weight; with routing the model passes per-position weights).
 
     Returns:
@@ -166,6 +166,14 @@ def apply_eos_policy(
     if EOS_PICKS[policy] is None or ids.numel() == 0:
         return composed
     return _rescore_eos(composed, base, experts, ids, EOS_PICKS[policy], floor, [1.0] * len(experts))
+
+
+def _all_experts(models: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """EOS log-probs (..., E): the least likely of the experts in use (weight ≠ 0) at each position, the base's where
+    none is (a routed position whose gates are all 0 is the base). models: (k+1, ..., E) base first; weights: (k, ..., 1)."""
+    off = (weights == 0).expand(models[1:].shape)  # (k, ..., E): experts gated out here
+    least = models[1:].masked_fill(off, float("inf")).min(0).values  # (..., E)
+    return torch.where(off.all(0), models[0], least)
 
 
 def _top(models: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -179,7 +187,7 @@ def _top(models: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 # None: as composed
 EOS_PICKS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = {
     "compose": None, "base": lambda m, w: m[0], "any": lambda m, w: m.max(0).values, "all": lambda m, w: m.min(0).values,
-    "all_experts": lambda m, w: m[1:].min(0).values, "top": _top,
+    "all_experts": _all_experts, "top": _top,
 }
 
 

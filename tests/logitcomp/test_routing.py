@@ -488,3 +488,20 @@ def test_routing_without_update_decodes_with_the_prompt_gates(tiny, world, tmp_p
     assert again.composition.routing.get("set_weights", []) == set_weights
     _close(torch.stack(again.generate(**batch, max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True,
                                       pad_token_id=tok.pad_token_id, eos_token_id=None).logits, 1), steps, tol=1e-5)
+
+
+def test_all_experts_eos_policy_leaves_out_the_experts_gated_out():
+    """Routed `all_experts`: EOS is the least likely of the experts whose gate is not 0, the base's where every gate
+    is 0; with fixed weights (no gates) the least likely of all experts, as `apply_eos_policy` computes it."""
+    base, e1, e2 = _logp(3, seed=6), _logp(3, seed=7), _logp(3, seed=8)
+    eos = [0, 3]
+    gates = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]])  # row 0 both, row 1 the second alone, row 2 none
+    routed = Composer.build([1.0, 1.0], eos_policy="all_experts")(base.float(), [e1.float(), e2.float()],
+                                                                  eos_ids=torch.tensor(eos), gates=gates)
+    _close(routed[0, eos], torch.minimum(e1[0, eos], e2[0, eos]), tol=1e-5)
+    _close(routed[1, eos], e2[1, eos], tol=1e-5)
+    _close(routed[2, eos], base[2, eos], tol=1e-5)
+    _close(torch.logsumexp(routed, -1), torch.zeros(3), tol=1e-5)
+    fixed = Composer.build([1.0, 1.0], eos_policy="all_experts")(base.float(), [e1.float(), e2.float()], eos_ids=torch.tensor(eos))
+    _close(fixed, apply_eos_policy(compose_logprobs(base, [e1, e2]), base, [e1, e2], eos, "all_experts"), tol=1e-5)
+    _close(fixed[:, eos], torch.minimum(e1[:, eos], e2[:, eos]), tol=1e-5)
