@@ -1,0 +1,170 @@
+"""Peak memory of scoring and decoding: single model vs composed (k experts), each setup in its own process.
+
+One run builds (or reuses under --workdir) a random model of a real shape and k random LoRA experts
+(r = 16 on q, v, gate, up, down; non-zero B), then measures in a fresh process per setup:
+
+    loglikelihood  one batch as lm-eval's HFLM scores it: logits = model(ids).logits (B, T, V),
+                   log_softmax over V, the continuation's log-probs gathered and summed
+    decode         `generate` of 8 greedy tokens after a 32-token prompt, batch 1
+
+Setups: `single` (the base alone), `composed-kK` (ComposedModelForCausalLM, chunked scoring, the
+default) and `composed-kK-whole` (the same with `scoring_budget = None`: one forward of every row,
+what scoring did before chunking). Memory is the peak resident set (CPU; the kernel's VmHWM, reset
+after loading) or torch's peak allocation (CUDA) above what the loaded models hold, printed with its
+ratio to single's.
+
+    logitcomp bench memory --shape gemma3-270m --batch 16 --length 128       # CPU, fp32
+    logitcomp bench memory --shape gemma2-2b --dtype bfloat16 --device cuda
+    logitcomp bench memory --base gemma_world/base --batch 16                # a real model folder
+    logitcomp bench memory --shape tiny                                      # seconds (the test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from .bench_child import child_args, emit, run_setups
+
+# name -> (transformers config class, its arguments): the real models' shapes, random weights
+SHAPES = {
+    "tiny": ("LlamaConfig", dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2)),
+    "gemma3-270m": ("Gemma3TextConfig", dict(vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                                             num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                                             query_pre_attn_scalar=256, tie_word_embeddings=True)),
+    "gemma2-2b": ("Gemma2Config", dict(vocab_size=256_000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                                       num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=4096,
+                                       query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0)),
+}
+TARGETS = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def build(args) -> Path:
+    """The random base (unless --base) and the largest k's experts under the work folder; reused when there."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    root = args.workdir or Path("runs/bench-memory") / (Path(args.base).name if args.base else args.shape)
+    base = Path(args.base) if args.base else root / "base"
+    dtype = getattr(torch, args.dtype)
+    if not args.base and not (base / "config.json").is_file():
+        name, kwargs = SHAPES[args.shape]
+        config = getattr(transformers, name)(**kwargs, max_position_embeddings=8192)
+        torch.manual_seed(0)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype if dtype.is_floating_point else default)  # a 2B model built in bf16 holds half the memory
+        try:
+            transformers.AutoModelForCausalLM.from_config(config).save_pretrained(base)
+        finally:
+            torch.set_default_dtype(default)
+    for i in range(max(int(k) for k in args.experts.split(","))):
+        if (root / f"e{i}" / "adapter_config.json").is_file():
+            continue
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS))
+        gen = torch.Generator().manual_seed(i)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+        model.save_pretrained(root / f"e{i}")
+    return root
+
+
+def resident() -> dict[str, int]:
+    """VmRSS and VmHWM (peak) of this process, bytes."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {k: int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM")}
+
+
+def reset_peak(device: str) -> int:
+    """Start a new peak; returns what is held now (the baseline the peak is measured above)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    with open("/proc/self/clear_refs", "w") as f:  # "5" resets the kernel's peak resident set (VmHWM)
+        f.write("5")
+    return resident()["VmRSS"]
+
+
+def peak(device: str) -> int:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated()
+    return resident()["VmHWM"]
+
+
+@torch.no_grad()
+def loglikelihood(model, ids: torch.Tensor) -> float:
+    """One batch as lm-eval's HFLM scores it: log_softmax of the logits, the second half's tokens gathered."""
+    logits = model(ids).logits  # (B, T, V)
+    logp = torch.log_softmax(logits, dim=-1)  # (B, T, V): HFLM's multi_logits
+    half = ids.shape[1] // 2
+    picked = logp[:, half - 1:-1].gather(-1, ids[:, half:, None])  # (B, T/2, 1)
+    return picked.sum().item()
+
+
+def child(args) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from logitcomp import ComposedModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    root, setup = Path(args.workdir), args.child
+    base = Path(args.base) if args.base else root / "base"
+    dtype = getattr(torch, args.dtype)
+    if setup == "single":
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(args.device).eval()
+    else:
+        k = int(setup.split("-k")[1].split("-")[0])
+        model = ComposedModelForCausalLM.from_experts(base, {f"e{i}": root / f"e{i}" for i in range(k)}, dtype=dtype, device=args.device)
+        if setup.endswith("-whole"):
+            model.scoring_budget = None
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(10, vocab, (args.batch, args.length), generator=torch.Generator().manual_seed(0)).to(args.device)
+    with torch.no_grad():  # touch every weight once: a safetensors load maps them, pages come in on first use
+        model(ids[:1, :4])
+    result = {"setup": setup}
+    # the decode first: memory freed by the larger loglikelihood batch stays resident and would hide its peak
+    held = reset_peak(args.device)
+    model.generate(ids[:1, :32], attention_mask=torch.ones_like(ids[:1, :32]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    result["decode_bytes"] = peak(args.device) - held
+    held = reset_peak(args.device)
+    loglikelihood(model, ids)
+    result["loglikelihood_bytes"] = peak(args.device) - held
+    emit(result)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`logitcomp bench memory`: measure every setup, print the table."""
+    report(args, measure(args))
+    return 0
+
+
+def measure(args) -> dict:
+    """Every setup measured in its own process (the same command line with `--child SETUP`): setup -> result."""
+    root = build(args)
+    setups = ["single"] + [f"composed-k{k}{suffix}" for k in args.experts.split(",") for suffix in ("", "-whole")]
+    return run_setups([sys.executable, "-m", __spec__.name], args, setups, root)
+
+
+def report(args, results: dict) -> None:
+    model = args.base or f"random {args.shape}"
+    print(f"model: {model}, {args.dtype} on {args.device}, {args.threads} threads; loglikelihood batch {args.batch} x {args.length} "
+          f"tokens; decode: 8 tokens after 32, batch 1; memory above the loaded models")
+    single = results["single"]
+    print(f"{'setup':<20} {'loglik MiB':>11} {'x single':>9} {'decode MiB':>11} {'x single':>9}")
+    for name, r in results.items():
+        ratio = lambda key: r[key] / single[key] if single[key] > 0 else float("nan")  # noqa: E731
+        print(f"{name:<20} {r['loglikelihood_bytes'] / 2**20:>11.0f} {ratio('loglikelihood_bytes'):>9.2f} "
+              f"{r['decode_bytes'] / 2**20:>11.0f} {ratio('decode_bytes'):>9.2f}")
+
+
+if __name__ == "__main__":
+    child(child_args(sys.argv[1:]))
