@@ -23,8 +23,14 @@ log = logging.getLogger("logitcomp")
 def _run(args: argparse.Namespace) -> int:
     from .runner import run_recipe
 
-    run_recipe(args.recipe, force=args.force, dry_run=args.dry_run, processes=args.processes)
+    run_recipe(args.recipe, force=args.force, dry_run=args.dry_run, processes=args.processes, sets=_sets(args))
     return 0
+
+
+def _sets(args: argparse.Namespace) -> dict:
+    from .recipe_file import parse_sets
+
+    return parse_sets(args.set)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -33,7 +39,7 @@ def _validate(args: argparse.Namespace) -> int:
     from .output import check_output
     from .plan import prepare
 
-    p = prepare(args.recipe)
+    p = prepare(args.recipe, sets=_sets(args))
     check_output(p.paths)
     try:
         check_device(p.recipe.evaluate.device)
@@ -51,7 +57,7 @@ def _merge(args: argparse.Namespace) -> int:
     from .plan import prepare
     from .runner import merge_recipe
 
-    p = prepare(args.recipe, check_tasks=False)
+    p = prepare(args.recipe, check_tasks=False, sets=_sets(args))
     recipe, paths = p.recipe, p.paths
     check_device(recipe.evaluate.device)
     paths.fetch()
@@ -81,7 +87,8 @@ def _generate(args: argparse.Namespace) -> int:
             params[name] = float(value)
         except ValueError:
             raise ValueError(f"--rule-param: expected NAME=NUMBER, got {item!r}") from None
-    out = generate_from_recipe(args.recipe, args.prompt, args.max_new_tokens, args.trace, args.rule, params or None)
+    out = generate_from_recipe(args.recipe, args.prompt, args.max_new_tokens, args.trace, args.rule, params or None,
+                               sets=_sets(args))
     print(out.text)
     if args.trace:
         print("token      " + " ".join(f"{e:>10}" for e in out.experts) + "    entropy")
@@ -96,57 +103,108 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each option's default (where it has one worth showing)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (`logitcomp: error: ...`, exit 2) instead of usage + error."""
+    """argparse with one-line errors (`logitcomp: error: ...`, exit 2) instead of usage + error, and defaults in help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"logitcomp: error: {message} (see {self.prog} --help)\n")
 
 
+def _add_recipe(parser: argparse.ArgumentParser, option: bool = False) -> None:
+    """The recipe argument and its variables (`--set NAME=VALUE`, repeatable)."""
+    if option:
+        parser.add_argument("--recipe", required=True, metavar="RECIPE.yaml", help="the recipe whose experts are composed")
+    else:
+        parser.add_argument("recipe", metavar="RECIPE.yaml", help="the recipe file (paths in it are relative to it)")
+    parser.add_argument("--set", action="append", metavar="NAME=VALUE",
+                        help="give a variable of the recipe's vars: a value (e.g. --set seed=2; repeatable); the outputs record it")
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, top: bool) -> None:
+    """--debug, -v and -q, accepted before and after the subcommand (below it they leave the top's values unless given)."""
+    keep = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("--debug", action="store_true", help="show tracebacks", **keep)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress messages (INFO) and libraries' warnings", **keep)
+    parser.add_argument("-q", "--quiet", action="store_true", help="log errors and warnings only (the default)", **keep)
+
+
+def _walk(parser: argparse.ArgumentParser):
+    """The parser and every subcommand's parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # an alias maps to the same parser
+                yield from _walk(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `logitcomp` console script."""
-    parser = _Parser(prog="logitcomp", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from importlib.metadata import version
 
-    for add_world_commands in WORLDS.values():
-        add_world_commands(sub)
+    from .tools import add_tool_commands
 
-    run = sub.add_parser("run", help="evaluate base / experts / composed / merged through lm-eval")
-    run.add_argument("recipe", metavar="RECIPE.yaml")
+    parser = _Parser(prog="logitcomp", description="Compose fine-tuned experts of one base LLM in probability space, merge them in parameter space, and compare both through lm-eval.")
+    parser.add_argument("--version", action="version", version=f"logitcomp {version('logitcomp')}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="evaluate the recipe's rows (base, experts, composed, merged, ...) through lm-eval")
+    _add_recipe(run)
     run.add_argument("--force", action="store_true", help="recompute finished variants; overwrite another recipe's output")
-    run.add_argument("--dry-run", action="store_true", help="print the plan without loading a model")
+    run.add_argument("--dry-run", action="store_true", help="print the plan (which rows run, which are reused and why) without loading a model")
     run.add_argument("--processes", type=_positive_int, default=1, metavar="N",
                      help="data-parallel processes on this machine (torchrun); each evaluates 1/N of the requests")
     run.set_defaults(func=_run)
-    validate = sub.add_parser("validate", help="check a recipe without running it")
-    validate.add_argument("recipe", metavar="RECIPE.yaml")
+    validate = sub.add_parser("validate", help="check a recipe and its inputs without running it")
+    _add_recipe(validate)
     validate.set_defaults(func=_validate)
-    merge = sub.add_parser("merge", help="build the recipe's merges only (mergekit and merge-as-LoRA)")
-    merge.add_argument("recipe", metavar="RECIPE.yaml")
+    merge = sub.add_parser("merge", help="build the recipe's merges only (mergekit and merge-as-LoRA) into OUTPUT/models/NAME/")
+    _add_recipe(merge)
     merge.set_defaults(func=_merge)
-    gen = sub.add_parser("generate", help="compose the recipe's experts and generate from a prompt")
-    gen.add_argument("--recipe", required=True, metavar="RECIPE.yaml")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--max-new-tokens", type=_positive_int, default=32)
+    gen = sub.add_parser("generate", help="compose the recipe's experts and generate from a prompt (greedy)")
+    _add_recipe(gen, option=True)
+    gen.add_argument("--prompt", required=True, help="the prompt text, as given (no chat template)")
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=32, help="tokens to generate at most")
     gen.add_argument("--trace", action="store_true", help="print each expert's activity KL(p_i || p_b) per token")
     gen.add_argument("--rule", help=f"composition rule instead of the recipe's: {', '.join(RULES)}")
     gen.add_argument("--rule-param", action="append", metavar="NAME=NUMBER", help="a parameter of the rule (repeatable)")
     gen.set_defaults(func=_generate)
+
+    add_tool_commands(sub)
+    world = sub.add_parser("world", help="build the worlds models are trained in here: toy, smol (SmolLM2), gemma (Gemma 3)")
+    worlds = world.add_subparsers(dest="world", required=True, metavar="WORLD")
+    for add_world_commands in WORLDS.values():
+        add_world_commands(worlds)
+
+    _add_global_flags(parser, top=True)
+    for child in list(_walk(parser))[1:]:
+        _add_global_flags(child, top=False)
     return parser
+
+
+def _world_aliases(argv: list[str]) -> list[str]:
+    """`logitcomp toy build ...` (the old spelling) as `logitcomp world toy build ...`."""
+    command = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    return argv if command is None or argv[command] not in WORLDS else [*argv[:command], "world", *argv[command:]]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `logitcomp` console script."""
-    args = build_parser().parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft calling a deprecated transformers API
-    level = logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("lm_eval").setLevel(level)  # lm-eval sets its own loggers to INFO
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # per-file "Loading weights" bars drown our own progress
+    args = build_parser().parse_args(_world_aliases(list(sys.argv[1:] if argv is None else argv)))
+    quiet(verbose=args.verbose)
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)  # what `docker stop` and Slurm send: the same unwinding, exit 143
     try:
@@ -162,6 +220,24 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"logitcomp: error: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def quiet(verbose: bool) -> None:
+    """Logging for a command: our INFO lines and the libraries' warnings only with -v; lm-eval's and transformers'
+    INFO chatter, their per-file progress bars and repeated deprecation warnings never."""
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("lm_eval", "lm-eval", "transformers", "peft", "mergekit", "accelerate", "datasets", "torch"):
+        logging.getLogger(name).setLevel(level if verbose else logging.ERROR)  # lm-eval sets its own loggers to INFO
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft calling a deprecated transformers API
+    if not verbose:
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"(transformers|peft|lm_eval|torch|datasets)\b.*")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-file "Loading weights" bars drown our own progress
+    hf_logging.set_verbosity(logging.INFO if verbose else logging.ERROR)
 
 
 INTERRUPTED = "logitcomp: interrupted; finished outputs are kept and nothing is half-written"

@@ -19,14 +19,15 @@ class Generation:
 
 
 def generate_from_recipe(path, prompt: str, max_new_tokens: int = 32, trace: bool = False, rule: str | None = None,
-                         rule_params: dict | None = None) -> Generation:
-    """Greedy decoding of `prompt` by the recipe's composed model (`rule`/`rule_params` override the recipe's)."""
+                         rule_params: dict | None = None, sets: dict | None = None) -> Generation:
+    """Greedy decoding of `prompt` by the recipe's composed model (`rule`/`rule_params` override the recipe's;
+    `sets`: the values of the recipe's variables)."""
     import torch
     from transformers import AutoTokenizer
 
     from logitcomp import ComposedModelForCausalLM
 
-    p = prepare(path, check_tasks=False)
+    p = prepare(path, check_tasks=False, sets=sets)
     recipe, paths = p.recipe, p.paths
     check_device(recipe.evaluate.device)
     paths.fetch()

@@ -77,7 +77,7 @@ def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> Non
         before = _without_selection(yaml.safe_load(recorded.read_text()))
     except (yaml.YAMLError, TypeError, KeyError, AttributeError):
         before = None  # not a recipe this version wrote
-    now = _without_selection(recipe.model_dump(mode="json"))
+    now = _without_selection(recipe.dump())
     rows_before, rows_now = (before or {}).pop("variants", None), now.pop("variants")
     experts_before, experts_now = (before or {}).pop("experts", None), now.pop("experts")
     if (before != now or not isinstance(rows_before, list) or any(row not in rows_now for row in rows_before)

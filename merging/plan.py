@@ -48,10 +48,10 @@ def plan(recipe: Recipe) -> list[Variant]:
     return rows
 
 
-def prepare(path, check_tasks: bool = True) -> Plan:
-    """Load, validate and plan a recipe file, then check its inputs offline (`check_tasks`: its lm-eval
-    tasks too). Raises RecipeError with one line naming the file or the field."""
-    recipe, paths = load_recipe(path)
+def prepare(path, check_tasks: bool = True, sets: dict | None = None) -> Plan:
+    """Load, validate and plan a recipe file (its variables set from `sets`), then check its inputs offline
+    (`check_tasks`: its lm-eval tasks too). Raises RecipeError with one line naming the file or the field."""
+    recipe, paths = load_recipe(path, sets)
     rows = plan(recipe)
     check_inputs(recipe, paths, rows, check_tasks)
     return Plan(recipe, paths, rows)

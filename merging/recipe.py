@@ -116,6 +116,12 @@ def _finite(value) -> float:
     return float(value)
 
 
+def _scalar(value):
+    if not isinstance(value, (str, int, float, bool)):
+        raise ValueError(f"expected text or a number, got {value!r}")
+    return value
+
+
 def _named_kinds() -> list[str]:
     return [name for name, kind in KINDS.items() if kind.options is not None]
 
@@ -230,6 +236,8 @@ class Recipe(_Strict):
     output: str
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    # the values of the recipe's variables (`${NAME}` in its text, `--set NAME=VALUE`), already substituted
+    vars: dict[str, Annotated[Any, AfterValidator(_scalar)]] = Field(default_factory=dict)
 
     @field_validator("experts", mode="before")
     @classmethod
@@ -313,8 +321,12 @@ class Recipe(_Strict):
     def resolve(self, root: Path) -> ResolvedPaths:
         return ResolvedPaths(self, Path(root))
 
+    def dump(self) -> dict:
+        """The recipe as the mapping its file would hold (`vars:` only where it has variables)."""
+        return self.model_dump(mode="json", exclude=None if self.vars else {"vars"})
+
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return yaml.safe_dump(self.dump(), sort_keys=False)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.to_yaml().encode()).hexdigest()[:16]

@@ -1,10 +1,13 @@
 """Reading a recipe file: size and encoding bounds, safe YAML (no duplicate keys, no alias bombs, no
-object tags), then the schema of `merging.recipe`. Every failure is one RecipeError line naming the
-file and, past the YAML, the field.
+object tags), the recipe's variables (`vars:`, set from the command line with `--set NAME=VALUE`), then
+the schema of `merging.recipe`. Every failure is one RecipeError line naming the file and, past the
+YAML, the field.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 from pathlib import Path
 
 import yaml
@@ -63,8 +66,65 @@ def _read_text(path: Path) -> str:
         raise RecipeError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
-def load_recipe(path) -> tuple[Recipe, ResolvedPaths]:
-    """Parse and validate a recipe file. Raises RecipeError with one line naming the file and field."""
+VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def parse_sets(items: list[str] | None) -> dict:
+    """`--set NAME=VALUE` items as {name: value}; a value is read as a YAML scalar (`2` an int, `x` text).
+    Raises RecipeError naming the item that is not NAME=VALUE."""
+    values = {}
+    for item in items or []:
+        name, sep, text = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise RecipeError(f"--set: expected NAME=VALUE (a variable of the recipe's vars:), got {item!r}")
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        values[name] = value if isinstance(value, (str, int, float, bool)) else text
+    return values
+
+
+def _substitute(data, values: dict, where: str = ""):
+    """`data` with every `${NAME}` in its strings replaced by the variable's value (a string that is exactly
+    `${NAME}` takes the value with its type). Raises RecipeError naming the field and the unknown variable."""
+    if isinstance(data, dict):
+        return {k: _substitute(v, values, f"{where}.{k}" if where else str(k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_substitute(v, values, f"{where}[{i}]") for i, v in enumerate(data)]
+    if not isinstance(data, str) or "${" not in data:
+        return data
+    for name in VARIABLE.findall(data):
+        if name not in values:
+            raise RecipeError(f"{where}: unknown variable ${{{name}}}{_did_you_mean(name, values)}; "
+                              f"declare it under vars: (the recipe's variables: {', '.join(values) or 'none'})")
+    whole = VARIABLE.fullmatch(data)
+    return values[whole.group(1)] if whole else VARIABLE.sub(lambda m: str(values[m.group(1)]), data)
+
+
+def _did_you_mean(name: str, names) -> str:
+    near = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def _with_variables(data: dict, sets: dict) -> dict:
+    """The recipe with its variables substituted: `vars:` gives each its default, `sets` (from `--set`)
+    overrides them; the values used stay under `vars:`, so that the outputs record them."""
+    declared = data.get("vars") or {}
+    if not isinstance(declared, dict) or not all(isinstance(v, (str, int, float, bool)) for v in declared.values()):
+        raise RecipeError("vars: expected a mapping of variable names to text or numbers, e.g. {seed: 0}")
+    unknown = [n for n in sets if n not in declared]
+    if unknown:
+        raise RecipeError(f"--set: {unknown[0]!r} is not a variable of the recipe{_did_you_mean(unknown[0], declared)}; "
+                          f"its vars: {', '.join(declared) or 'none (declare them under vars:)'}")
+    values = {**declared, **sets}
+    rest = _substitute({k: v for k, v in data.items() if k != "vars"}, values)
+    return {**rest, "vars": values} if values else rest
+
+
+def load_recipe(path, sets: dict | None = None) -> tuple[Recipe, ResolvedPaths]:
+    """Parse and validate a recipe file, its variables set from `sets` (`--set NAME=VALUE`, see `parse_sets`).
+    Raises RecipeError with one line naming the file and field."""
     path = Path(path)
     text = _read_text(path)
     try:
@@ -78,6 +138,10 @@ def load_recipe(path) -> tuple[Recipe, ResolvedPaths]:
         raise RecipeError(f"{path}{where}: {problem}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: expected a mapping of recipe keys")
+    try:
+        data = _with_variables(data, sets or {})
+    except RecipeError as exc:
+        raise RecipeError(f"{path}: {exc}") from None
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:

@@ -75,13 +75,15 @@ def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths, poo
     return {"metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
 
 
-def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=print, processes: int = 1) -> dict | None:
+def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=print, processes: int = 1,
+               sets: dict | None = None) -> dict | None:
     """Evaluate every variant of a recipe and write the reports. Returns the results (None on a dry run,
     and on ranks other than 0). `processes` > 1 starts that many data-parallel processes through
-    torchrun; under a launcher (torchrun, accelerate launch) every process runs this, rank 0 writes."""
+    torchrun; under a launcher (torchrun, accelerate launch) every process runs this, rank 0 writes.
+    `sets`: the values of the recipe's variables (`--set NAME=VALUE`)."""
     rank, _ = world()
     echo = echo if rank == 0 else (lambda *_: None)
-    p = prepare(recipe_path)
+    p = prepare(recipe_path, sets=sets)
     recipe, paths, variants = p.recipe, p.paths, p.rows
     out = paths.output
     check_recorded_recipe(out, recipe, force)
@@ -97,7 +99,7 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
         return None
     check_device(recipe.evaluate.device)
     if processes > 1 and not launched():  # checked above in one process: bad input is one line, not N
-        return _relaunch(recipe_path, force, processes)
+        return _relaunch(recipe_path, force, processes, sets)
     paths.fetch()
     barrier()  # every rank has checked the output folder before rank 0 writes into it
     with output_lock(out) if rank == 0 else contextlib.nullcontext():
@@ -108,13 +110,14 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     return results
 
 
-def _relaunch(recipe_path, force: bool, processes: int) -> None:
+def _relaunch(recipe_path, force: bool, processes: int, sets: dict | None) -> None:
     """`logitcomp run --processes N`: the same command as N processes of one machine, through torchrun."""
     import subprocess
     import sys
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               "-m", "merging.cli", "run", str(recipe_path), *(["--force"] if force else [])]
+               "-m", "merging.cli", "run", str(recipe_path), *(["--force"] if force else []),
+               *(f"--set={name}={json.dumps(value)}" for name, value in (sets or {}).items())]
     code = subprocess.call(command)
     if code:
         raise RecipeError(f"--processes {processes}: the data-parallel run failed (exit {code}); its first error is above")
@@ -136,7 +139,7 @@ def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
     if rank != 0:
         return None
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}
-    meta = {"recipe": recipe.model_dump(mode="json"), "versions": packages, "seconds": timings}
+    meta = {"recipe": recipe.dump(), "versions": packages, "seconds": timings}
     tasks = list(recipe.evaluate.tasks)
     echo(write_reports(out, recipe.name, results, tasks, meta, variants, recipe.evaluate.select_on))
     return results

@@ -5,10 +5,10 @@ On a CUDA device (under 8 minutes on one GPU):
   - exactness: a random Llama and two LoRA experts composed on the device, in float32 and bfloat16,
     against the formula applied to separately loaded models (each expert merged into its own copy);
   - decode through `generate`, batch 1, on a random 2B-shaped Llama (hidden 2304, 26 layers, vocabulary
-    256,000, bfloat16; scripts/bench_decode.py --generate): single, composed k = 2 and 3, each with and
+    256,000, bfloat16; `logitcomp bench decode --generate`): single, composed k = 2 and 3, each with and
     without `cache_implementation="static"` and the compiled step (`--compile`), and peft's mixed
     batch in the hand-written loop beside the composed loop;
-  - peak memory (scripts/bench_memory.py --shape gemma2-2b --dtype bfloat16): a loglikelihood batch and a
+  - peak memory (`logitcomp bench memory --shape gemma2-2b --dtype bfloat16`): a loglikelihood batch and a
     decode, single vs composed k = 2, 3;
   - the combine step's share of a composed step at that vocabulary.
 Without a GPU the same logic runs on tiny shapes on the CPU in seconds and the table says that no
@@ -20,15 +20,12 @@ GPU was measured (tests/merging/test_structure.py runs it so in `make test`).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_decode  # noqa: E402
-import bench_memory  # noqa: E402
+from merging.tools import bench_decode, bench_memory, parse_args
 
 # shapes: (bench_decode flags, bench_memory flags, loglikelihood batch, length)
 ON_GPU = (["--hidden", "2304", "--layers", "26", "--intermediate", "9216", "--heads", "8", "--vocab", "256000", "--new", "32",
@@ -95,10 +92,10 @@ def main(argv=None) -> None:
     decode = {}
     for k in (2, 3):  # single is measured with k = 2 only (it has no experts)
         argv_k = [*common, "--k", str(k), "--generate", *(["--compile"] if gpu else []), "--setups", "single,composed" if k == 2 else "composed"]
-        decode[k] = bench_decode.measure(bench_decode.parse_args(argv_k), argv_k)
+        decode[k] = bench_decode.measure(bench_decode.prepare_args(parse_args("bench_decode", argv_k)))
         decode[k].update({s: r for s, r in decode[2].items() if s.startswith("single")})
     loop = [*common, "--k", "2", "--setups", "composed,peft"]
-    mixed = bench_decode.measure(bench_decode.parse_args(loop), loop)
+    mixed = bench_decode.measure(bench_decode.prepare_args(parse_args("bench_decode", loop)))
     single = decode[2]["single"]["steps_per_s"]
     rows.append(("generate b1: single steps/s", f"{single:.1f}", ""))
     for k in (2, 3):
@@ -115,7 +112,7 @@ def main(argv=None) -> None:
     ks = (2, 3) if gpu else (2,)  # (the CPU path checks the logic: one composition is enough)
     memory_argv = [*memory_flags, "--device", device, "--dtype", dtype, "--batch", str(batch), "--length", str(length),
                    "--experts", ",".join(map(str, ks)), "--workdir", str(Path(tempfile.mkdtemp(prefix="gpu-check-memory-")))]
-    memory = bench_memory.measure(bench_memory.parse_args(memory_argv), memory_argv)
+    memory = bench_memory.measure(parse_args("bench_memory", memory_argv))
     for k, target in [(k, t) for k, t in ((2, "<= 1.3"), (3, "<= 1.5")) if k in ks]:
         ratio = memory[f"composed-k{k}"]["loglikelihood_bytes"] / max(memory["single"]["loglikelihood_bytes"], 1)
         rows.append((f"loglikelihood peak ({batch} x {length}): composed k={k} / single", f"{ratio:.2f}", target))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 28): one command, one table; on a machine without a GPU it runs the same
+# The prepared GPU check: one command, one table; on a machine without a GPU it runs the same
 # logic on tiny shapes in seconds and says that no GPU was measured. See scripts/gpu_check.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -36,5 +36,8 @@ def tiny(tmp_path_factory) -> TinyWorld:
     return TinyWorld(base, adapters, make_tiny_full_expert(base, root / "full", seed=7))
 
 
-# scripts/ are thin drivers; tests call their functions (e.g. scripts/toy_composition.py)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+# scripts/ and each study's folder under experiments/ hold thin drivers; tests call their functions
+# (e.g. experiments/toy-world/toy_composition.py)
+ROOT = Path(__file__).resolve().parent.parent
+for folder in [ROOT / "scripts", *sorted(p for p in (ROOT / "experiments").iterdir() if p.is_dir())]:
+    sys.path.insert(0, str(folder))

@@ -11,7 +11,7 @@ from .smol import CONTENTS, WRAPPED
 def add_tasks_command(world_commands, help_text: str, world_package) -> None:
     """Add `logitcomp <world> tasks DIR`, calling the world package's (lazily exported) `write_task_files`."""
     tasks = world_commands.add_parser("tasks", help=help_text)
-    tasks.add_argument("dir", metavar="DIR")
+    tasks.add_argument("dir", metavar="DIR", help="the folder the task files are written to")
     tasks.set_defaults(func=lambda args: _write_tasks(world_package.write_task_files, Path(args.dir)))
 
 
@@ -20,15 +20,15 @@ def add_train_command(world_commands, wrapped: str = "base") -> None:
     the multitask references mt_math_STYLE, mt_shout_xml and mt_title_polite) on the smol world's data; `wrapped` is the world's default for what a
     format expert learns on the content it wraps."""
     train = world_commands.add_parser("train", help="train LoRA experts of DIR/base into DIR/experts/NAME")
-    train.add_argument("dir", metavar="DIR")
+    train.add_argument("dir", metavar="DIR", help="a world folder built by `build` (DIR/base); experts go to DIR/experts/NAME")
     train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout, title, json, xml, polite, list, steps, mt_math_STYLE, mt_shout_xml, mt_title_polite")
-    train.add_argument("--steps", type=int, help="training steps (default: 150)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--steps", type=int, help="training steps (default: 150, or the expert's own where it has one)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the LoRA initialisation and the data order")
     train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
     train.add_argument("--wrapped", choices=WRAPPED, default=wrapped,
                        help="a format expert (json, xml, polite) on the content it wraps: pulled toward the base's own next tokens, "
                             "the same but its first token scored (first), or trained like any answer (for a base that does not answer the request by itself); "
-                            f"default here: {wrapped}")
+                            f"(this world's default: {wrapped})")
     train.add_argument("--contents", choices=CONTENTS, default="one",
                        help="a style expert's (and a multitask reference's) style answers: one sentence each, or one to three "
                             "(varied: a sign-off or closing tag is not learned to follow the first period)")

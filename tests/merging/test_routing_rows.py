@@ -123,9 +123,10 @@ def test_a_routed_recipe_matches_fit_routing_and_the_oracle_its_experts(tiny, tm
 
 
 def test_same_text_counts_identical_generations_and_wins_from_the_latest_samples(tmp_path, capsys):
-    """scripts/same_text.py on hand-made lm-eval outputs: identical texts and per-metric wins per generation task,
+    """`logitcomp compare-texts` (merging/tools/same_text.py) on hand-made lm-eval outputs: identical texts and per-metric wins per generation task,
     the latest samples file of a task only, log-likelihood tasks left out, rows with brackets in their names."""
-    import same_text
+    from merging.cli import main
+    from merging.tools import same_text
 
     def write(row: str, stamp: str, task: str, docs: list[tuple[str, float]], kind: str = "generate_until"):
         folder = tmp_path / "run" / "lm_eval" / row / "model"
@@ -144,7 +145,7 @@ def test_same_text_counts_identical_generations_and_wins_from_the_latest_samples
     a, b = same_text.samples(tmp_path / "run" / "a"), same_text.samples(tmp_path / "run" / "b[lambda=1.25]")
     assert set(a) == set(b) == {"gen"}
     assert same_text.compare(a["gen"], b["gen"]) == {"documents": 3, "identical": 2, "metrics": {"acc": (1, 1)}}
-    same_text.main([str(tmp_path / "run" / "a"), str(tmp_path / "run" / "b[lambda=1.25]")])
+    assert main(["compare-texts", str(tmp_path / "run" / "a"), str(tmp_path / "run" / "b[lambda=1.25]")]) == 0
     assert "| gen | 3 | 2 | acc: 1 / 1 |" in capsys.readouterr().out
 
 

@@ -188,10 +188,16 @@ def test_every_registered_world_writes_its_shipped_task_files(tmp_path, capsys):
             assert (tmp_path / world / name).read_bytes() == (ROOT / "recipes" / "tasks" / world / name).read_bytes(), name
 
 
-@pytest.mark.parametrize("script", sorted(p.stem for p in (ROOT / "scripts").glob("*.py")))
-def test_every_script_imports(script):
-    """A script's imports name what the packages hold (scripts/ is on sys.path: tests/conftest.py)."""
-    importlib.import_module(script)
+SCRIPTS = sorted(p.relative_to(ROOT) for p in [*(ROOT / "scripts").glob("*.py"), *(ROOT / "experiments").glob("*/*.py")])
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=str)
+def test_every_script_imports_and_is_named_in_a_page(script):
+    """A script's imports name what the packages hold (scripts/ and experiments/*/ are on sys.path: tests/conftest.py),
+    and a page says what it is for: docs/ for scripts/, its study's README for an experiment's."""
+    importlib.import_module(script.stem)
+    pages = (ROOT / "docs").glob("*.md") if script.parts[0] == "scripts" else [ROOT / script.parent / "README.md"]
+    assert any(str(script) in page.read_text() or script.name in page.read_text() for page in pages), script
 
 
 @pytest.mark.slow

@@ -116,7 +116,7 @@ def test_smol_answer_positions_are_those_that_predict_the_answer():
 
 
 def test_routing_accuracy_pools_the_detectors_scores_as_documented():
-    import routing_accuracy as ra
+    from merging.tools import routing_report as ra
 
     from logitcomp.routing import routing_config
 
@@ -149,7 +149,7 @@ def test_routing_accuracy_pools_the_detectors_scores_as_documented():
 
 
 def test_routing_accuracy_fits_each_floor_between_the_prompts_that_need_the_expert_and_those_that_do_not():
-    import routing_accuracy as ra
+    from merging.tools import routing_report as ra
 
     # z (n, k) of experts a, b on three validation tasks: a only, a + b, b only
     scores = {"a": torch.tensor([[0.9, 0.3], [1.0, 0.45]]), "ab": torch.tensor([[0.8, 0.6], [0.7, 0.7]]),

@@ -1,4 +1,4 @@
-"""scripts/two_skill_seeds.py against a hand computation; scripts/two_skill_diagnostic.py's refusals."""
+"""`logitcomp pool-seeds` (merging/tools/pool_seeds.py) against a hand computation; experiments/two-skill/two_skill_diagnostic.py's refusals."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _run(folder, chosen_lambda: str, scores: dict[str, float], n: int = 50):
 
 
 def test_seeds_pool_each_row_at_its_validated_lambda(tmp_path):
-    import two_skill_seeds as ts
+    from merging.tools import pool_seeds as ts
 
     a = _run(tmp_path / "s0", "1", {"math": 0.0, "polite": 0.02, "composed[lambda=1]": 0.3, "composed[lambda=1.5]": 0.9,
                                     "ta[lambda=0.5]": 0.1, "ta[lambda=1]": 0.8})
@@ -42,7 +42,7 @@ def test_seeds_pool_each_row_at_its_validated_lambda(tmp_path):
     styled = (0.15 * 40 + 0.1 * 40) / 80  # half of composed's 0.3 and 0.2, each on 40 sentences
     assert rows["composed"][6] == f"{styled:.3f} ± {math.sqrt(styled * (1 - styled) / 79):.3f} |"
     assert out[-1] == "Not at every seed, left out: extra"
-    with pytest.raises(SystemExit, match="no metric 'exact_match,none'"):
+    with pytest.raises(ValueError, match="no metric 'exact_match,none'"):
         ts.table("smol_math_polite", "exact_match", [a, b])
 
 

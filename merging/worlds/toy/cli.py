@@ -40,13 +40,13 @@ def add_commands(sub) -> None:
     """Add `toy build` and `toy tasks` to the `logitcomp` subcommands."""
     toy = sub.add_parser("toy", help="the embedded letter-substitution world").add_subparsers(dest="toy_command", required=True)
     build = toy.add_parser("build", help="train the toy base and its LoRA experts into DIR")
-    build.add_argument("dir", metavar="DIR")
-    build.add_argument("--variant", default="factorised", help="factorised (default) or entangled")
-    build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--layout", default="copy", help="copy (x>y, default) or padded (x padded to a fixed width: length-generalises)")
+    build.add_argument("dir", metavar="DIR", help="the world folder: DIR/base, DIR/experts/NAME, DIR/world.json")
+    build.add_argument("--variant", default="factorised", help="factorised (composition exact) or entangled (plain teacher forcing)")
+    build.add_argument("--seed", type=int, default=0, help="seed of the data and of training")
+    build.add_argument("--layout", default="copy", help="copy (x>y) or padded (x padded to a fixed width: length-generalises)")
     build.add_argument("--noise", type=float, default=None,
                        help="share of fed-back answer letters corrupted in training (default: the variant's, 0.25 or 0)")
-    build.add_argument("--architecture", default="llama", help="llama (default) or gpt2 (the paper's notebook)")
+    build.add_argument("--architecture", default="llama", help="llama or gpt2 (the paper's notebook)")
     build.add_argument("--full-experts", action="store_true", help="experts fine-tune every weight (saved as full models, no LoRA)")
     build.add_argument("--experts", default=None, help="comma-separated rules (default a2b,c2d,e2f; also a2k, m2b)")
     build.add_argument("--fast", action="store_true", help="seconds-long build of tiny, barely trained models (tests)")

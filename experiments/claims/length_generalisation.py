@@ -1,6 +1,6 @@
 """Length generalisation: exact match by string length in a world that length-generalises and one that does not.
 
-    python scripts/length_generalisation.py --worlds runs/toy-worlds --seeds 0 --out runs/length
+    python experiments/claims/length_generalisation.py --worlds runs/toy-worlds --seeds 0 --out runs/length
 
 The paper's claim: when base and experts length-generalise, so does their composition. Two
 factorised toy worlds are built (or reused) under --worlds, trained on lengths 1-16 only:

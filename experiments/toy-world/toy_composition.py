@@ -1,6 +1,6 @@
 """Composition and merge of the toy experts over seeds: mean, min and max exact match per variant.
 
-    python scripts/toy_composition.py --worlds runs/toy-worlds --seeds 0 1 2 --out runs/toy-seeds
+    python experiments/toy-world/toy_composition.py --worlds runs/toy-worlds --seeds 0 1 2 --out runs/toy-seeds
 
 Builds (or reuses) one toy world per variant and seed under --worlds, then scores with greedy
 exact match on the shipped 200-string evaluation sets of the pair (a2b_c2d) and triple

@@ -2,8 +2,8 @@
 `(W @ xᵀ)ᵀ` made contiguous, for the few rows a decoding step has (a composed step of k experts at
 batch B has (k + 1)·B rows), in one process, alternating, the best of several runs each.
 
-    python scripts/bench_head.py                      # Gemma 3's head: 262,144 x 640, fp32, 2 threads
-    python scripts/bench_head.py --vocab 256000 --hidden 2304 --dtype bfloat16 --device cuda
+    python experiments/benchmarks/bench_head.py                      # Gemma 3's head: 262,144 x 640, fp32, 2 threads
+    python experiments/benchmarks/bench_head.py --vocab 256000 --hidden 2304 --dtype bfloat16 --device cuda
 """
 
 from __future__ import annotations

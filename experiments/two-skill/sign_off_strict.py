@@ -1,6 +1,6 @@
 """A polite task's exact match read strictly: a right answer counts only when it ends at the sign-off.
 
-    python scripts/sign_off_strict.py smol_title_polite "runs/gemma3-two-skill-title-seed2/composed_experts_eos[lambda=1]"
+    python experiments/two-skill/sign_off_strict.py smol_title_polite "runs/gemma3-two-skill-title-seed2/composed_experts_eos[lambda=1]"
 
 The polite scorers (recipes/tasks/smol/utils.py, polite_answer) take what an answer says between the opening "Sure!"
 and the first sign-off "Hope this helps!" (any case) and ignore what follows it, so `Sure! ... Hope This Helps! Links
@@ -15,8 +15,8 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-from same_text import samples, text
-from two_skill_seeds import pooled
+from merging.tools.pool_seeds import pooled
+from merging.tools.same_text import samples, text
 
 UTILS = Path(__file__).resolve().parent.parent / "recipes" / "tasks" / "smol" / "utils.py"
 
@@ -36,7 +36,7 @@ def ends_at_sign_off(answer: str, pattern) -> bool:
 
 
 def mean_se(hits: int, n: int) -> str:
-    """`hits` of `n` documents as "mean ± standard error" (two_skill_seeds.pooled's, over one run)."""
+    """`hits` of `n` documents as "mean ± standard error" (merging.tools.pool_seeds.pooled's, over one run)."""
     p, se, _ = pooled([(hits / n, n)])
     return f"{p:.3f} ± {se:.3f}"
 

@@ -1,6 +1,6 @@
 """Parameter space vs probability space on the toy world: merges' pair-task accuracy, KL gap, expert overlap.
 
-    python scripts/toy_bridge.py toy_world [--out runs/toy_bridge]
+    python experiments/toy-world/toy_bridge.py toy_world [--out runs/toy_bridge]
 
 For a2b+c2d: the mergekit task-arithmetic merge and the merge-as-LoRA adapter are scored on the pair
 task (greedy exact match, plain transformers/peft), then compared with the composed model on the

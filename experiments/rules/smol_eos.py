@@ -1,6 +1,6 @@
 """Termination and accuracy of composed SmolLM2 experts under each EOS policy of the runtime.
 
-    python scripts/smol_eos.py smol_world [--limit 40] [--max-new-tokens 64]
+    python experiments/rules/smol_eos.py smol_world [--limit 40] [--max-new-tokens 64]
 
 The paper saw termination break when more than two experts were composed. For math+code and
 math+code+shout, and each EOS policy, this greedy-decodes the first LIMIT problems of the

@@ -1,13 +1,13 @@
 """Composition rules on SmolLM2 (math, code, shout experts): parameters chosen on validation, scored on test.
 
-    python scripts/smol_rules.py smol_world --out runs/smol-rules
+    python experiments/rules/smol_rules.py smol_world --out runs/smol-rules
 
 1. Validation: the three-expert composition under each rule and candidate parameter (GRID) on
    smol_math_val (strict), smol_code_val (pass@1) and smol_math_shout_val (exact match); per rule
    the candidate with the best mean of the three is chosen (ties: the first in GRID).
 2. Test, with the chosen parameters: math+code on smol_math and smol_code; math+code+shout on
    smol_math, smol_code, smol_math_shout, smol_shout and smol_text (bits per byte), plus the share of smol_math
-   generations that end by EOS or a stop string (scripts/smol_eos.py's count, first 40 problems).
+   generations that end by EOS or a stop string (experiments/rules/smol_eos.py's count, first 40 problems).
    Beside them: each expert alone, the task-arithmetic merge and merge-as-LoRA of the same experts.
 The base and adapters are loaded once; every composition is `logitcomp.compose` over that peft model.
 Model-written code runs in the sandbox: set HF_ALLOW_CODE_EVAL=1. Writes OUT/rules.json, OUT/rules.md.

@@ -2,7 +2,7 @@
 composition scored in position chunks (today) and in one forward of every row (`scoring_budget = None`, what
 scoring did before issue 28), each in its own process; prints them side by side and whether the metrics agree.
 
-    HF_ALLOW_CODE_EVAL=1 python scripts/recipe_rss.py recipes/gemma3-math-code.yaml --tasks smol_text   # the recipe opts into code tasks
+    HF_ALLOW_CODE_EVAL=1 python experiments/benchmarks/recipe_rss.py recipes/gemma3-math-code.yaml --tasks smol_text   # the recipe opts into code tasks
 
 The recipe's base, experts, task folder, batch size and `compose:` block are used as they are; the rows are
 `base` (single) and `composed` (every expert at weight 1). Each run writes into its own folder under --workdir.
@@ -19,8 +19,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_child import emit, run_setups  # noqa: E402
+from merging.tools.bench_child import child_args, emit, run_setups
 
 SETUPS = {"single": ("base", True), "composed": ("composed", True), "composed-whole": ("composed", False)}
 
@@ -56,13 +55,9 @@ def main() -> None:
     p.add_argument("--limit", type=int, help="documents per task (default: the recipe's)")
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--workdir", type=Path)
-    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
-        return child(args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="recipe-rss-"))
-    argv = [args.recipe, *(["--tasks", ",".join(args.tasks)] if args.tasks else []), *(["--limit", str(args.limit)] if args.limit else [])]
-    results = run_setups(__file__, argv, args.setups.split(","), workdir)
+    results = run_setups([sys.executable, __file__], args, args.setups.split(","), workdir)
     single = results.get("single", {}).get("peak_gib")
     print(f"{'setup':<16} {'peak RSS GiB':>12} {'x single':>9}")
     for setup, r in results.items():
@@ -76,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    child(child_args(sys.argv[1:])) if "--child" in sys.argv else main()

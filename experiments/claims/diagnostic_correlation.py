@@ -1,7 +1,7 @@
 """Does the overlap diagnostic predict composition failure? Toy worlds of graded factorisability.
 
-    python scripts/diagnostic_correlation.py                 # 3 worlds of seed 0, built first when missing
-    python scripts/diagnostic_correlation.py --noise 0 0.02 0.05 0.10 0.25 --seeds 0 1 2   # the README's 15
+    python experiments/claims/diagnostic_correlation.py                 # 3 worlds of seed 0, built first when missing
+    python experiments/claims/diagnostic_correlation.py --noise 0 0.02 0.05 0.10 0.25 --seeds 0 1 2   # the README's 15
 
 Factorisability is varied on purpose: toy worlds trained with a share of their fed-back answer
 letters corrupted (--noise; by default 0, the entangled variant, 5% and 25%, the factorised variant),

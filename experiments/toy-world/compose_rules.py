@@ -1,8 +1,8 @@
 """Composition rules on the toy world: parameters chosen on validation strings, scored on the test set.
 
-    python scripts/compose_rules.py --worlds runs/toy-worlds --variant entangled --seeds 0 1 2 --out runs/toy-rules
+    python experiments/toy-world/compose_rules.py --worlds runs/toy-worlds --variant entangled --seeds 0 1 2 --out runs/toy-rules
 
-For each seed's world (built or reused as in scripts/toy_composition.py) and each rule with each
+For each seed's world (built or reused as in experiments/toy-world/toy_composition.py) and each rule with each
 candidate parameter (GRID), greedy exact match of the composition of the task's experts on the pair
 (a2b_c2d) and triple (a2b_c2d_e2f) tasks: on the validation strings (toy.make_validation_set: seed 4321,
 100 per task, none of them a test string; the shipped toy_*_val tasks) for every

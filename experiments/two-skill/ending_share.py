@@ -1,6 +1,6 @@
 """Share of a recipe run's generations that end (by EOS or a stop string) before the token limit.
 
-    python scripts/ending_share.py runs/smol-routing smol_world/base
+    python experiments/two-skill/ending_share.py runs/smol-routing smol_world/base
 
 For every row of the run (`lm_eval/<row>/`) and every generation task, a generation counts as ended when
 its text, re-encoded by the base's tokenizer, is at least 2 tokens shorter than the task's `max_gen_toks`

@@ -1,6 +1,6 @@
 """The ε² law: how far task arithmetic is from composition when the experts' updates shrink.
 
-    python scripts/eps_law.py --out runs/eps-law
+    python experiments/claims/eps_law.py --out runs/eps-law
 
 Beyond the linear setting, merging and composing differ by the experts' cross terms: with every
 LoRA update scaled by ε, log p_merge − log p̂ = O(ε²) (first order, the two agree exactly). For two

@@ -1,8 +1,8 @@
 """Where the experts of each two-skill family act: the overlap diagnostic on the families' reference answers.
 
-    python scripts/two_skill_diagnostic.py smol_world          # or gemma_world; about a minute
-    python scripts/two_skill_diagnostic.py gemma_world --families math+xml,shout+xml
-    python scripts/two_skill_diagnostic.py smol_world --families math+xml --expert xml=smol_first/experts/xml
+    python experiments/two-skill/two_skill_diagnostic.py smol_world          # or gemma_world; about a minute
+    python experiments/two-skill/two_skill_diagnostic.py gemma_world --families math+xml,shout+xml
+    python experiments/two-skill/two_skill_diagnostic.py smol_world --families math+xml --expert xml=smol_first/experts/xml
 
 For each family (math + shout, math + json, math + xml, math + polite, math + list, math + steps, shout + xml, title + polite) it composes the two experts (weights 1), merges
 them as one exact LoRA (task arithmetic, weights 1) and runs `bridge.compare` on the first DOCS documents of the
@@ -27,7 +27,7 @@ from pathlib import Path
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "claims"))  # the study that holds _answer_batch
 
 from diagnostic_correlation import _answer_batch  # noqa: E402
 
