@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TOY_DIR ?= toy_world
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup test test-fast demo toy-seeds toy-gpt2 smol gemma smol-two-skill gemma-two-skill clean
+.PHONY: setup test test-fast demo toy-seeds toy-gpt2 smol gemma clean
 
 setup: $(STAMP)
 
@@ -31,65 +31,32 @@ test-fast: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q -m "not slow"
 
 demo: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/logitcomp -q toy build $(TOY_DIR) --if-missing
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/toy-letters.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp world toy build $(TOY_DIR) --if-missing
+	$(OFFLINE) $(VENV)/bin/logitcomp run recipes/toy-letters.yaml
 
-# The toy tables of the README over seeds: builds (or reuses) factorised and entangled worlds of
+# The toy tables of docs/toy-world.md over seeds (a study: experiments/toy-world/): builds (or reuses) factorised and entangled worlds of
 # seeds 0-4 under runs/toy-worlds (~3 min each) and writes runs/toy-seeds/seeds.{md,json}.
 toy-seeds: $(STAMP)
-	$(OFFLINE) $(PY) scripts/toy_composition.py --worlds runs/toy-worlds --seeds 0 1 2 3 4 --out runs/toy-seeds
+	$(OFFLINE) $(PY) experiments/toy-world/toy_composition.py --worlds runs/toy-worlds --seeds 0 1 2 3 4 --out runs/toy-seeds
 
 # The paper notebook's world: GPT-2-style base and full-model experts A->K, M->B (~4 min), composed and merged.
 toy-gpt2: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/logitcomp -q toy build toy_world_gpt2 --architecture gpt2 --full-experts --experts a2k,m2b --layout padded --if-missing
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/toy-gpt2-full.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp world toy build toy_world_gpt2 --architecture gpt2 --full-experts --experts a2k,m2b --layout padded --if-missing
+	$(OFFLINE) $(VENV)/bin/logitcomp run experiments/claims/toy-gpt2-full.yaml
 
 # The SmolLM2 world (a real LLM, see the README): convert, train the three experts (~10 min each),
 # run recipes/smol-math-code.yaml (it runs model-written code in a sandbox: HF_ALLOW_CODE_EVAL=1 opts in).
 smol: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts math,code,shout
-	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/smol-math-code.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp world smol build smol_world
+	$(OFFLINE) $(VENV)/bin/logitcomp world smol train smol_world --experts math,code,shout
+	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp run recipes/smol-math-code.yaml
 
 # The Gemma 3 270M world (Gemma's terms of use, see the README): install and convert, train the three
 # experts on the smol world's data, run recipes/gemma3-math-code.yaml.
 gemma: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts math,code,shout
-	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp -q run recipes/gemma3-math-code.yaml
-
-# Two skills in one answer (docs/two-skill.md): the math expert, the shout, json and xml style experts and
-# the multitask LoRAs, then recipes/smol-two-skill.yaml, smol-two-skill-xml.yaml, smol-two-skill-styles.yaml (a probe;
-# its style experts in smol_styles), smol-two-skill-polite.yaml (seed 1, smol_world_seed1), smol-two-skill-xml-first.yaml
-# (the xml expert and its multitask LoRA with the content's first token scored, in smol_first) and smol-two-skill-title.yaml; gemma: recipes/gemma3-two-skill.yaml,
-# gemma3-two-skill-xml.yaml, gemma3-two-skill-styles.yaml, gemma3-two-skill-polite.yaml, gemma3-two-skill-title.yaml).
-TWO_SKILL_EXPERTS := math,json,mt_math_json
-smol-two-skill: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-xml.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_styles
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts xml --wrapped scored
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_styles --experts shout --steps 300
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-styles.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_world_seed1
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world_seed1 --experts math,polite,mt_math_polite --seed 1
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-polite.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol build smol_first
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_first --experts xml,mt_math_xml --wrapped first
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-xml-first.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q smol train smol_world --experts title,polite,mt_title_polite
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/smol-two-skill-title.yaml
-
-gemma-two-skill: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma build gemma_world
-	$(OFFLINE) $(VENV)/bin/logitcomp -q gemma train gemma_world --experts $(TWO_SKILL_EXPERTS),xml,mt_math_xml,shout,mt_shout_xml,polite,mt_math_polite,title,mt_title_polite
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-xml.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-styles.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-polite.yaml
-	$(OFFLINE) $(VENV)/bin/logitcomp -q run recipes/gemma3-two-skill-title.yaml
+	$(OFFLINE) $(VENV)/bin/logitcomp world gemma build gemma_world
+	$(OFFLINE) $(VENV)/bin/logitcomp world gemma train gemma_world --experts math,code,shout
+	$(OFFLINE) HF_ALLOW_CODE_EVAL=1 $(VENV)/bin/logitcomp run recipes/gemma3-math-code.yaml
 
 clean:
 	rm -rf $(VENV) $(TOY_DIR) toy_world_gpt2 smol_world smol_world_seed1 smol_styles smol_first gemma_world .pytest_cache

@@ -37,8 +37,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     tok = AutoTokenizer.from_pretrained(args.base)
     table, tasks = {}, []
-    for results in sorted(args.run.glob("lm_eval/*/*/results_*.json")):
-        row = results.parent.parent.name
+    found = [(r, r.parent.name) for r in args.run.glob("lm_eval/*/results_*.json")]  # lm_eval/ROW/ (and before 0.2, lm_eval/ROW/MODEL/)
+    found += [(r, r.parent.parent.name) for r in args.run.glob("lm_eval/*/*/results_*.json")]
+    for results, row in sorted(found):
         configs = json.loads(results.read_text())["configs"]
         for task, config in configs.items():
             if config.get("output_type") != "generate_until":

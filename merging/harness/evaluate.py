@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
 from pathlib import Path
 
 from logitcomp.io import atomic_dir, free_mib
@@ -43,8 +45,11 @@ def evaluate(lm, spec, include_path: Path | None, out: Path) -> dict | None:
     """Run lm-eval on `lm` with a recipe's `evaluate:` block (`spec`); write lm-eval's aggregated results
     and per-sample outputs into `out` (replacing an earlier run's whole). Returns {task: metrics}, or None
     on a rank other than 0 under a launcher (lm-eval gathered its share on rank 0)."""
+    import lm_eval.evaluator
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
+
+    lm_eval.evaluator.get_git_commit_hash = _git_hash_quietly
 
     tasks = list(spec.tasks)
     results = simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager(include_path, tasks), limit=spec.limit,
@@ -55,11 +60,23 @@ def evaluate(lm, spec, include_path: Path | None, out: Path) -> dict | None:
     samples = results.pop("samples")
     with atomic_dir(out) as tmp:
         tracker = EvaluationTracker(output_path=str(tmp))
+        tracker.general_config_tracker.model_name_sanitized = ""  # files at lm_eval/ROW/, not under a model-name folder
         tracker.save_results_aggregated(results=results, samples=samples)
         for task in results["configs"]:
             tracker.save_results_samples(task_name=task, samples=samples[task])
         _check_written(tmp, out, {task: len(samples[task]) for task in results["configs"]})
     return {t: {k: v for k, v in m.items() if k != "alias"} for t, m in results["results"].items()}
+
+
+def _git_hash_quietly() -> str | None:
+    """lm-eval's `get_git_commit_hash` without git's "fatal: not a git repository" on the terminal of every row
+    run outside a repository (lm-eval lets git's stderr through)."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()  # noqa: S607
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
 
 
 SAMPLES = re.compile(  # lm-eval's samples_TASK_DATE.jsonl

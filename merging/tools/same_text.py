@@ -22,11 +22,12 @@ def samples(row: Path) -> dict[str, dict[int, dict]]:
     """Generation task -> doc_id -> that document's sample, from the latest samples file of each task under
     RUN/lm_eval/ROW/ (a task that scores log-likelihoods is left out)."""
     folder = glob.escape(str(row.parent / "lm_eval" / row.name))
-    files = sorted(glob.glob(folder + "/*/samples_*.jsonl"))
+    # RUN/lm_eval/ROW/ holds them (runs before 0.2 one folder deeper, under lm-eval's model name)
+    files = sorted(glob.glob(folder + "/**/samples_*.jsonl", recursive=True), key=lambda f: Path(f).name)
     if not files:
         raise ValueError(f"{row}: no lm-eval samples under {row.parent / 'lm_eval' / row.name}")
     configs = {}
-    for results in sorted(glob.glob(folder + "/*/results_*.json")):
+    for results in sorted(glob.glob(folder + "/**/results_*.json", recursive=True), key=lambda f: Path(f).name):
         configs |= json.loads(Path(results).read_text())["configs"]
     out = {}
     for f in files:  # sorted by the timestamp that ends each name: a later file of a task replaces an earlier one

@@ -209,11 +209,17 @@ def test_debug_shows_the_traceback(tiny, tmp_path):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in TASKS.parent.glob("*.yaml")))
-def test_shipped_recipes_parse(name):
-    recipe, paths = load_recipe(TASKS.parent / f"{name}.yaml")
+SHIPPED = sorted(str(p.relative_to(TASKS.parents[1])) for p in [*TASKS.parent.glob("*.yaml"), *TASKS.parents[1].glob("experiments/*/*.yaml")])
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_and_study_recipes_parse(name):
+    recipe, paths = load_recipe(TASKS.parents[1] / name)
     assert Recipe.model_validate(yaml.safe_load(recipe.to_yaml())) == recipe
     assert paths.include_path is None or paths.include_path == TASKS
+    if recipe.vars:  # a recipe of every seed: another value gives other worlds and another output
+        other = load_recipe(TASKS.parents[1] / name, {"seed": recipe.vars["seed"] + 1})[1]
+        assert other.output != paths.output
 
 
 def test_gemma_recipe_validates_and_dry_runs_offline():

@@ -150,7 +150,7 @@ def test_same_text_counts_identical_generations_and_wins_from_the_latest_samples
 
 
 def test_ending_share_reads_each_tasks_own_samples(tiny, tmp_path, capsys):
-    """scripts/ending_share.py on hand-made lm-eval outputs where one task's name starts another's (gen, gen_x): each
+    """experiments/two-skill/ending_share.py on hand-made lm-eval outputs where one task's name starts another's (gen, gen_x): each
     task's share comes from its own samples file (a glob of samples_gen_* would also take gen_x's)."""
     import ending_share
 

@@ -1,4 +1,4 @@
-"""scripts/diagnostic_correlation.py and scripts/length_generalisation.py against hand computations (fast worlds)."""
+"""experiments/claims/diagnostic_correlation.py and experiments/claims/length_generalisation.py against hand computations (fast worlds)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import os
 import sys
 from pathlib import Path
@@ -53,3 +55,41 @@ def test_toy_recipe_composed_solves_the_pair_task_and_lm_eval_cli_agrees(toy_fac
         assert proc.returncode == 0, proc.stderr[-2000:]
         saved = json.loads(next((tmp_path / command[0]).rglob("results_*.json")).read_text())
         assert saved["results"]["toy_a2b_c2d"]["exact_match,none"] == pair["composed"], command[0]
+
+
+def _run_cli(*args, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run([str(Path(sys.executable).parent / "logitcomp"), *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=900)
+
+
+def _printed_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """What a terminal keeps of a run's output, progress bars left out (tqdm redraws its line with \\r)."""
+    lines = [line.split("\r")[-1] for line in (proc.stdout + proc.stderr).splitlines()]
+    return [line for line in lines if line.strip() and not re.search(r"\d+%\|.*\|", line)]
+
+
+def test_a_seed_set_on_the_command_line_runs_as_the_per_seed_file_and_the_run_is_quiet(toy_factorised, tmp_path):
+    """Issue 53: one recipe with `vars: {seed: ...}` and `--set seed=0` gives the run of the hand-written file of that
+    seed (same rows, same results.json numbers), records the value, and prints no git noise and few lines."""
+    (tmp_path / "toy_world_seed0").symlink_to(toy_factorised.root)
+    recipe = yaml.safe_load((TASKS.parent / "toy-letters.yaml").read_text())
+    recipe["evaluate"].update(include_path=str(TASKS), limit=20, tasks=["toy_a2b", "toy_a2b_c2d"])
+    recipe["variants"] = ["base", "composed", "merged_lora"]
+    explicit = {**recipe, "name": "toy-seed0", "base": "toy_world_seed0/base", "output": "runs/explicit",
+                "experts": {n: f"toy_world_seed0/experts/{n}" for n in ("a2b", "c2d")}}
+    varied = {"vars": {"seed": 7}, **recipe, "name": "toy-seed${seed}", "base": "toy_world_seed${seed}/base", "output": "runs/varied",
+              "experts": {n: f"toy_world_seed${{seed}}/experts/{n}" for n in ("a2b", "c2d")}}
+    for name, text in (("explicit.yaml", explicit), ("varied.yaml", varied)):
+        (tmp_path / name).write_text(yaml.safe_dump(text, sort_keys=False))
+    procs = [_run_cli("run", "explicit.yaml", cwd=tmp_path), _run_cli("run", "varied.yaml", "--set", "seed=0", cwd=tmp_path)]
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        printed = _printed_lines(proc)
+        assert not [line for line in printed if "fatal:" in line] and len(printed) < 30, "\n".join(printed)
+    one, two = (json.loads((tmp_path / "runs" / o / "results.json").read_text()) for o in ("explicit", "varied"))
+    assert list(one["results"]) == list(two["results"]) == ["base", "composed", "merged_lora"]
+    assert one["results"] == two["results"]
+    assert two["recipe"]["vars"] == {"seed": 0} and two["recipe"]["name"] == "toy-seed0" and "vars" not in one["recipe"]
+    assert yaml.safe_load((tmp_path / "runs" / "varied" / "recipe.yaml").read_text())["vars"] == {"seed": 0}
+    assert sorted(p.name for p in (tmp_path / "runs" / "varied" / "lm_eval" / "composed").iterdir())[0].startswith("results_")

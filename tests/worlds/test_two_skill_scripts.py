@@ -63,7 +63,7 @@ def test_two_skill_diagnostic_refuses_an_expert_it_cannot_use(tmp_path, capsys):
 
 
 def test_sign_off_strict_counts_only_right_answers_that_end_at_the_sign_off(tmp_path, capsys):
-    """scripts/sign_off_strict.py on hand-made lm-eval samples: a right answer that runs on past the sign-off, or signs
+    """experiments/two-skill/sign_off_strict.py on hand-made lm-eval samples: a right answer that runs on past the sign-off, or signs
     off twice, is not counted; a wrong answer that ends at it is not either; the scorer's any-case sign-off is."""
     import sign_off_strict
 
