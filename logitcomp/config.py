@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -55,7 +57,9 @@ def check_routing(routing) -> dict | None:
         raise ValueError(f"routing: expected a mapping with centroids, tau and threshold, got {routing!r}")
     unknown = sorted(set(routing) - set(ROUTING_KEYS))
     if unknown:
-        raise ValueError(f"routing: unknown key {unknown[0]!r}; allowed keys: {', '.join(ROUTING_KEYS)}")
+        near = difflib.get_close_matches(str(unknown[0]), ROUTING_KEYS, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"routing: unknown key {unknown[0]!r}{hint}; allowed keys: {', '.join(ROUTING_KEYS)}")
     centroids = routing.get("centroids")
     if not isinstance(centroids, dict) or not centroids:
         raise ValueError(f"routing.centroids: expected a mapping of expert name to a list of numbers, got {centroids!r}")

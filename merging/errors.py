@@ -1,4 +1,5 @@
-"""User-facing errors: `RecipeError`, the one-line form every command prints, and the message for a non-number."""
+"""User-facing errors: `RecipeError`, the one-line form every command prints, the message for a non-number, and
+the nearest allowed name of an unknown one."""
 
 from __future__ import annotations
 
@@ -20,3 +21,11 @@ def not_a_number(value) -> str:
     except (TypeError, ValueError):
         return f"expected a number, got {value!r}"
     return f"expected a number, got the text {value!r} (YAML reads an exponent without a sign as text: write 1.0e+38)"
+
+
+def did_you_mean(name: str, allowed) -> str:
+    """` (did you mean 'x'?)` for the allowed name nearest to `name`, or nothing when none is near."""
+    import difflib
+
+    near = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from logitcomp.config import CompositionConfig
 from logitcomp.inputs import check_name
 
-from .errors import RecipeError, not_a_number
+from .errors import RecipeError, did_you_mean, not_a_number
 from .kinds import KINDS
 from .kinds.composed import COMPOSE_KEYS, composition_config
 from .kinds.kind import Options
@@ -32,7 +32,7 @@ class _Strict(BaseModel):
         if isinstance(data, dict):
             unknown = [k for k in data if k not in cls.model_fields]
             if unknown:
-                raise ValueError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(cls.model_fields)}")
+                raise ValueError(f"unknown key {unknown[0]!r}{did_you_mean(unknown[0], cls.model_fields)}; allowed keys: {', '.join(cls.model_fields)}")
         return data
 
 
@@ -162,7 +162,8 @@ class VariantSpec(BaseModel):
         allowed = (*common, *kind.options.model_fields)
         unknown = [k for k in data if k not in allowed]
         if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r} for a {kind.name} variant; allowed keys: {', '.join(allowed)}")
+            raise ValueError(f"unknown key {unknown[0]!r} for a {kind.name} variant{did_you_mean(unknown[0], allowed)}; "
+                             f"allowed keys: {', '.join(allowed)}")
         own = {k: v for k, v in data.items() if k not in common}
         return {k: v for k, v in data.items() if k in common} | {"options": kind.options.model_validate(own)}
 
@@ -263,7 +264,7 @@ class Recipe(_Strict):
                 items.append(VariantSpec.model_validate(item))
             except ValidationError as exc:
                 name = item.get("name") if isinstance(item, dict) else None
-                where = f"[{i}]{f' ({name})' if isinstance(name, str) else ''}"
+                where = name if isinstance(name, str) else f"[{i}]"  # the row's name, as every later message names it
                 raise ValueError(f"{where}: {load_error(exc).removeprefix('recipe: ')}") from None
         _unique("variant", [v if isinstance(v, str) else v.name for v in items])
         return items
@@ -371,4 +372,7 @@ def load_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "recipe"
     msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":  # pydantic's "Extra inputs are not permitted", in the words of every other key
+        loc, _, key = loc.rpartition(".")
+        loc, msg = loc or "recipe", f"unknown key {key!r}"
     return f"{loc}: {msg}"

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from ..errors import did_you_mean
 
 SWEEP_KEY = "lambda"  # the sweep every kind takes: each expert's weight times λ (merged: mergekit's `lambda`)
 
@@ -38,6 +40,16 @@ class Options(BaseModel):
     """Base of a kind's options (the keys a named row of that kind may hold besides name, kind and sweep)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """An unknown key in the words of every other: its name, the nearest allowed one, the allowed ones."""
+        unknown = [k for k in data if k not in cls.model_fields] if isinstance(data, dict) else []
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}{did_you_mean(unknown[0], cls.model_fields)}; "
+                             f"allowed keys: {', '.join(cls.model_fields)}")
+        return data
 
 
 class Kind:
