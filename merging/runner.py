@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -117,6 +118,7 @@ def _relaunch(recipe_path, force: bool, processes: int, sets: dict | None) -> No
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                "-m", "merging.cli", "run", str(recipe_path), *(["--force"] if force else []),
+               *(["-v"] if logging.getLogger().getEffectiveLevel() <= logging.INFO else []),  # the processes log as this one
                *(f"--set={name}={json.dumps(value)}" for name, value in (sets or {}).items())]
     code = subprocess.call(command)
     if code:

@@ -61,8 +61,8 @@ def test_a_recipe_run_on_two_processes_writes_what_one_process_writes(tiny, tmp_
     for folder in ("one", "two"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    _, log = _run(([sys.executable, "-m", "merging.cli", "run", "recipe.yaml"], tmp_path / "one"),
-                  ([sys.executable, "-m", "merging.cli", "run", "--processes", "2", "recipe.yaml"], tmp_path / "two"))
+    _, log = _run(([sys.executable, "-m", "merging.cli", "run", "recipe.yaml", "-v"], tmp_path / "one"),  # -v: lm-eval's request counts
+                  ([sys.executable, "-m", "merging.cli", "run", "--processes", "2", "recipe.yaml", "-v"], tmp_path / "two"))
     assert sorted(set(REQUESTS.findall(log))) == [("0", "3", "generate_until"), ("0", "3", "loglikelihood_rolling"),
                                                   ("1", "3", "generate_until"), ("1", "3", "loglikelihood_rolling")]
     results = [json.loads((tmp_path / d / "out" / "results.json").read_text())["results"] for d in ("one", "two")]
