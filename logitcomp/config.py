@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field

@@ -123,6 +123,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"logitcomp: error: {message} (see {self.prog} --help)\n")
 
 
+class _TopParser(_Parser):
+    """The `logitcomp` parser: `logitcomp toy ...` (the old spelling of the world commands) read as `logitcomp world toy ...`."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(_world_aliases(list(sys.argv[1:] if args is None else args)), namespace)
+
+
 def _add_recipe(parser: argparse.ArgumentParser, option: bool = False) -> None:
     """The recipe argument and its variables (`--set NAME=VALUE`, repeatable)."""
     if option:
@@ -156,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .tools import add_tool_commands
 
-    parser = _Parser(prog="logitcomp", description="Compose fine-tuned experts of one base LLM in probability space, merge them in parameter space, and compare both through lm-eval.")
+    parser = _TopParser(prog="logitcomp", description="Compose fine-tuned experts of one base LLM in probability space, merge them in parameter space, and compare both through lm-eval.")
     parser.add_argument("--version", action="version", version=f"logitcomp {version('logitcomp')}",
                         help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="evaluate the recipe's rows (base, experts, composed, merged, ...) through lm-eval")
     _add_recipe(run)
@@ -203,7 +210,7 @@ def _world_aliases(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `logitcomp` console script."""
-    args = build_parser().parse_args(_world_aliases(list(sys.argv[1:] if argv is None else argv)))
+    args = build_parser().parse_args(argv)
     quiet(verbose=args.verbose)
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)  # what `docker stop` and Slurm send: the same unwinding, exit 143

@@ -29,3 +29,8 @@ def did_you_mean(name: str, allowed) -> str:
 
     near = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=1)
     return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def unknown_key(key, allowed, of: str = "") -> str:
+    """The message for a key a mapping may not hold: `unknown key 'x'[ of]` (did you mean ...); allowed keys: ...`."""
+    return f"unknown key {key!r}{of}{did_you_mean(key, allowed)}; allowed keys: {', '.join(allowed)}"

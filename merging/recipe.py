@@ -17,10 +17,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from logitcomp.config import CompositionConfig
 from logitcomp.inputs import check_name
 
-from .errors import RecipeError, did_you_mean, not_a_number
+from .errors import RecipeError, not_a_number, unknown_key
 from .kinds import KINDS
 from .kinds.composed import COMPOSE_KEYS, composition_config
-from .kinds.kind import Options
+from .kinds.kind import Options, known_keys
 
 
 class _Strict(BaseModel):
@@ -29,11 +29,7 @@ class _Strict(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = [k for k in data if k not in cls.model_fields]
-            if unknown:
-                raise ValueError(f"unknown key {unknown[0]!r}{did_you_mean(unknown[0], cls.model_fields)}; allowed keys: {', '.join(cls.model_fields)}")
-        return data
+        return known_keys(cls, data)
 
 
 class ExpertSpec(_Strict):
@@ -162,8 +158,7 @@ class VariantSpec(BaseModel):
         allowed = (*common, *kind.options.model_fields)
         unknown = [k for k in data if k not in allowed]
         if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r} for a {kind.name} variant{did_you_mean(unknown[0], allowed)}; "
-                             f"allowed keys: {', '.join(allowed)}")
+            raise ValueError(unknown_key(unknown[0], allowed, of=f" for a {kind.name} variant"))
         own = {k: v for k, v in data.items() if k not in common}
         return {k: v for k, v in data.items() if k in common} | {"options": kind.options.model_validate(own)}
 

@@ -6,14 +6,13 @@ YAML, the field.
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
-from .errors import RecipeError
+from .errors import RecipeError, did_you_mean
 from .recipe import Recipe, ResolvedPaths, load_error
 
 MAX_BYTES = 1 << 20  # a recipe is a page of YAML; a larger file is a mistake or an attack
@@ -96,15 +95,10 @@ def _substitute(data, values: dict, where: str = ""):
         return data
     for name in VARIABLE.findall(data):
         if name not in values:
-            raise RecipeError(f"{where}: unknown variable ${{{name}}}{_did_you_mean(name, values)}; "
+            raise RecipeError(f"{where}: unknown variable ${{{name}}}{did_you_mean(name, values)}; "
                               f"declare it under vars: (the recipe's variables: {', '.join(values) or 'none'})")
     whole = VARIABLE.fullmatch(data)
     return values[whole.group(1)] if whole else VARIABLE.sub(lambda m: str(values[m.group(1)]), data)
-
-
-def _did_you_mean(name: str, names) -> str:
-    near = difflib.get_close_matches(name, list(names), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def _with_variables(data: dict, sets: dict) -> dict:
@@ -115,7 +109,7 @@ def _with_variables(data: dict, sets: dict) -> dict:
         raise RecipeError("vars: expected a mapping of variable names to text or numbers, e.g. {seed: 0}")
     unknown = [n for n in sets if n not in declared]
     if unknown:
-        raise RecipeError(f"--set: {unknown[0]!r} is not a variable of the recipe{_did_you_mean(unknown[0], declared)}; "
+        raise RecipeError(f"--set: {unknown[0]!r} is not a variable of the recipe{did_you_mean(unknown[0], declared)}; "
                           f"its vars: {', '.join(declared) or 'none (declare them under vars:)'}")
     values = {**declared, **sets}
     rest = _substitute({k: v for k, v in data.items() if k != "vars"}, values)

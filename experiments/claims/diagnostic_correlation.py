@@ -48,7 +48,7 @@ from merging.worlds.toy.evaluate import exact_match  # noqa: E402
 TASK_EXPERTS = {"a2b_c2d": ("a2b", "c2d"), "a2b_c2d_e2f": ("a2b", "c2d", "e2f")}
 SHIPPED = {0.0: "entangled", 0.25: "factorised"}  # noise levels that are the shipped variants
 NOISE = [0.0, 0.05, 0.25]  # the default: 3 worlds, ≤ 15 min from scratch; the README's table adds 0.02, 0.10 and seeds 1, 2
-SMOL_TASK_DIR = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "smol"
+SMOL_TASK_DIR = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "smol"
 DIAGNOSTICS = {"overlap": "expert overlap (share of answer tokens)", "kl": "mean KL(p̂ ‖ p_merge), nats"}
 
 

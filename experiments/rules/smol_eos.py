@@ -25,7 +25,7 @@ from logitcomp.ops import EOS_POLICIES
 from merging.worlds.smol.data import math_prompt
 from merging.worlds.common import read_jsonl
 
-TASKS = Path(__file__).resolve().parent.parent / "recipes" / "tasks" / "smol"
+TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "smol"
 STOP = ["Question:", "\n\n"]  # the smol_math task's `until`, besides the EOS token
 STRICT = re.compile(r"#### (\-?[0-9]+)")  # the task's strict-match filter
 NUMBER = re.compile(r"(-?[0-9]+)")  # its flexible-extract filter takes the last match

@@ -18,7 +18,7 @@ from pathlib import Path
 from merging.tools.pool_seeds import pooled
 from merging.tools.same_text import samples, text
 
-UTILS = Path(__file__).resolve().parent.parent / "recipes" / "tasks" / "smol" / "utils.py"
+UTILS = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "smol" / "utils.py"
 
 
 def polite_pattern():

@@ -38,7 +38,7 @@ from logitcomp.io import atomic_write_bytes  # noqa: E402
 from merging.worlds.common import read_jsonl  # noqa: E402
 from merging.worlds.smol.styles import render, style_prompt  # noqa: E402
 
-TASKS = Path(__file__).resolve().parents[1] / "recipes" / "tasks" / "smol"
+TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "smol"
 DOCS = 40
 
 

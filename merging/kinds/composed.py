@@ -24,7 +24,7 @@ from pydantic import Field
 from logitcomp.config import MAX_WEIGHT, ROUTING_GATES, ROUTING_POOLS, ROUTING_SCORES, CompositionConfig, check_set_weights
 from logitcomp.rules import get_rule
 
-from ..errors import did_you_mean, not_a_number
+from ..errors import not_a_number, unknown_key
 from .kind import SWEEP_KEY, Kind, Options, Variant
 
 # `compose:` holds CompositionConfig's options; weights live with each expert, tracing is for `generate --trace`,
@@ -38,7 +38,7 @@ def composition_config(compose: dict, weights: dict | None = None) -> Compositio
     """The CompositionConfig of a `compose:` block: the runtime's own checks, not a copy of them."""
     unknown = [k for k in compose if k not in COMPOSE_KEYS]
     if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r}{did_you_mean(unknown[0], COMPOSE_KEYS)}; allowed keys: {', '.join(COMPOSE_KEYS)}")
+        raise ValueError(unknown_key(unknown[0], COMPOSE_KEYS))
     if isinstance(compose.get("floor"), str):
         raise ValueError(f"floor: {not_a_number(compose['floor'])}")
     return CompositionConfig(**compose, weights=dict(weights or {}))

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ..errors import did_you_mean
+from ..errors import unknown_key
 
 SWEEP_KEY = "lambda"  # the sweep every kind takes: each expert's weight times λ (merged: mergekit's `lambda`)
 
@@ -44,12 +44,16 @@ class Options(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
-        """An unknown key in the words of every other: its name, the nearest allowed one, the allowed ones."""
-        unknown = [k for k in data if k not in cls.model_fields] if isinstance(data, dict) else []
-        if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r}{did_you_mean(unknown[0], cls.model_fields)}; "
-                             f"allowed keys: {', '.join(cls.model_fields)}")
-        return data
+        return known_keys(cls, data)
+
+
+def known_keys(model: type[BaseModel], data: Any) -> Any:
+    """`data` unchanged; raises ValueError naming its first key that is not a field of `model` (the nearest field,
+    the allowed ones) instead of pydantic's "Extra inputs are not permitted"."""
+    unknown = [k for k in data if k not in model.model_fields] if isinstance(data, dict) else []
+    if unknown:
+        raise ValueError(unknown_key(unknown[0], model.model_fields))
+    return data
 
 
 class Kind:

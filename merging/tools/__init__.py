@@ -11,9 +11,20 @@ import argparse
 import importlib
 from pathlib import Path
 
-ROUTING_SCORES = ("cosine", "discriminant")  # logitcomp.config.ROUTING_SCORES (checked by a test)
+from logitcomp.config import ROUTING_SCORES
+
 DECODE_SETUPS = ("single", "composed", "peft", "naive")
-MEMORY_SHAPES = ("gemma2-2b", "gemma3-270m", "tiny")
+# `bench memory --shape`: name -> (transformers config class, its arguments): the real models' shapes, random weights
+MEMORY_SHAPES = {
+    "tiny": ("LlamaConfig", dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2)),
+    "gemma3-270m": ("Gemma3TextConfig", dict(vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                                             num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                                             query_pre_attn_scalar=256, tie_word_embeddings=True)),
+    "gemma2-2b": ("Gemma2Config", dict(vocab_size=256_000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                                       num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=4096,
+                                       query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0)),
+}
 
 
 def _bench_decode(p: argparse.ArgumentParser) -> None:
@@ -44,7 +55,7 @@ def _bench_decode(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_memory(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shape", choices=MEMORY_SHAPES, default="gemma3-270m", help="the random model's shape")
+    p.add_argument("--shape", choices=sorted(MEMORY_SHAPES), default="gemma3-270m", help="the random model's shape")
     p.add_argument("--base", help="a real model folder instead of a random model of --shape")
     p.add_argument("--experts", default="2,3", help="comma-separated numbers of experts")
     p.add_argument("--batch", type=int, default=16, help="rows of the log-likelihood batch")

@@ -27,19 +27,9 @@ from pathlib import Path
 
 import torch
 
+from . import MEMORY_SHAPES
 from .bench_child import child_args, emit, run_setups
 
-# name -> (transformers config class, its arguments): the real models' shapes, random weights
-SHAPES = {
-    "tiny": ("LlamaConfig", dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2)),
-    "gemma3-270m": ("Gemma3TextConfig", dict(vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
-                                             num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
-                                             query_pre_attn_scalar=256, tie_word_embeddings=True)),
-    "gemma2-2b": ("Gemma2Config", dict(vocab_size=256_000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                                       num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=4096,
-                                       query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0)),
-}
 TARGETS = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -53,7 +43,7 @@ def build(args) -> Path:
     base = Path(args.base) if args.base else root / "base"
     dtype = getattr(torch, args.dtype)
     if not args.base and not (base / "config.json").is_file():
-        name, kwargs = SHAPES[args.shape]
+        name, kwargs = MEMORY_SHAPES[args.shape]
         config = getattr(transformers, name)(**kwargs, max_position_embeddings=8192)
         torch.manual_seed(0)
         default = torch.get_default_dtype()

@@ -18,6 +18,8 @@ import json
 import math
 from pathlib import Path
 
+from ..kinds.composed import ComposedKind
+
 
 def rows_of(results: dict) -> dict[str, str]:
     """Row name -> the variant that stands for it: a swept row's validated variant, any other row itself."""
@@ -48,7 +50,7 @@ def pooled(scores: list[tuple[float, int]]) -> tuple[float, float, int]:
 def composed_row(results: dict) -> str:
     """The first row of the recipe whose kind is `composed`."""
     for v in results["recipe"]["variants"]:
-        if isinstance(v, dict) and v.get("kind") == "composed":
+        if isinstance(v, dict) and v.get("kind") == ComposedKind.name:
             return v["name"]
     raise ValueError("no composed row in the recipe: name one with --row")
 
