@@ -170,6 +170,7 @@ def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, 
     evaluated (a deriving kind's from `results`, the rows before it). Rank 0 decides, for every rank (they
     must run the same rows), and writes."""
     if KINDS[v.kind].derives:  # nothing to evaluate: made from the rows before it, at every run
+        echo(f"{v.name}: derived from the rows before it")
         return (KINDS[v.kind].derive(v, results), 0.0) if rank == 0 else (None, None)
     done = inside(paths.output, "variants", f"{v.name}.json")
     inputs = input_state(v, recipe, paths)
@@ -182,6 +183,9 @@ def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, 
         record = {**evaluate_variant(v, recipe, paths, pool), "inputs": inputs}
         if rank == 0:
             atomic_write_bytes(done, (json.dumps(record, indent=2) + "\n").encode())
+        echo(f"{v.name}: evaluated in {record['seconds']:.1f} s")
+    else:
+        echo(f"{v.name}: reused (its inputs are unchanged)")
     return (record["metrics"], record["seconds"]) if rank == 0 else (None, None)
 
 
