@@ -23,6 +23,7 @@ from logitcomp.weightfiles import check_finite
 
 log = logging.getLogger(__name__)
 CONFIG_NAME = "mergekit_config.yml"
+COMMAND_NAME = "mergekit_command.sh"  # the `mergekit-yaml` command that rebuilds a merged folder from its config
 
 
 class _DropTorchDtypeDeprecation(logging.Filter):
@@ -86,13 +87,24 @@ def mergekit_config(base, experts: dict, weights: dict | None = None, method: st
     return config
 
 
+def mergekit_command(config: dict, random_seed: int = 0) -> str:
+    """A shell script that rebuilds a merge with mergekit's own `mergekit-yaml` from the `mergekit_config.yml` beside
+    it: `sh mergekit_command.sh OUT` (LoRA experts get the merge cache mergekit needs for them, beside OUT)."""
+    lora = any("+" in m["model"] for m in config["models"])
+    cache = ' --lora-merge-cache "$1.lora-cache"' if lora else ""
+    return ("#!/bin/sh\n# Rebuild this merge with mergekit's own command: sh mergekit_command.sh OUT\n"
+            f'set -e\n: "${{1:?usage: sh $0 OUT}}"\n'
+            f'mergekit-yaml "$(dirname "$0")/{CONFIG_NAME}" "$1"{cache} --random-seed {random_seed} --no-write-model-card\n')
+
+
 def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, method: str = "task_arithmetic",
                     parameters: dict | None = None, *, device: str = "cpu", dtype: str = "float32", lora_cache=None,
                     options: dict | None = None) -> Path:
     """Merge experts into their base with mergekit and write a Hugging Face model folder.
 
     With the default method, θ = θ_b + Σ_i w_i · Δθ_i (for LoRA experts Δθ_i = s_i B_i A_i).
-    The folder holds safetensors weights, config, tokenizer and `mergekit_config.yml`.
+    The folder holds safetensors weights, config, tokenizer, `mergekit_config.yml` and `mergekit_command.sh` (the
+    `mergekit-yaml` command that rebuilds it from that config).
     `lora_cache`: a folder where mergekit keeps each LoRA expert merged into the base, shared by
     several merges of the same, unchanged experts (a sweep); by default a fresh one per call.
     `options`: more of mergekit's MergeOptions (low_cpu_memory, out_shard_size, ...); `random_seed`
@@ -133,5 +145,6 @@ def task_arithmetic(base, experts: dict, out_dir, weights: dict | None = None, m
         except ValueError as exc:
             raise ValueError(f"{exc.args[0].replace(str(tmp), str(out))} after merging; an input holds NaN or inf weights") from None
         (tmp / CONFIG_NAME).write_text(yaml.safe_dump(config, sort_keys=False))
+        (tmp / COMMAND_NAME).write_text(mergekit_command(config, settings.random_seed))
     log.info("merged %d experts with %s into %s", len(experts), method, out)
     return out

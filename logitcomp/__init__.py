@@ -30,5 +30,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".model": ("ComposedModelForCausalLM", "compose"),
     ".outputs": ("ComposedCache", "ComposedCausalLMOutput", "CompositionTrace"),
     ".ops": ("apply_eos_policy", "clamped_logprobs", "compose_logprobs", "entropy", "kl_divergence"),
-    ".routing": ("fit_routing",),
+    ".routing_fit": ("fit_routing",),
 })

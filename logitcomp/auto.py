@@ -2,7 +2,8 @@
 `AutoConfig` and this entry with `AutoModelForCausalLM` when transformers' auto modules load
 (logitcomp/__init__.py), so `AutoConfig`, `AutoModelForCausalLM`, `AutoTokenizer`,
 `pipeline("text-generation", model=FOLDER)` and `lm_eval --model hf` open a folder that
-`save_pretrained` wrote, and `pipeline` accepts a composed model without an error-level log.
+`save_pretrained` wrote, and `pipeline` accepts a composed model without an error-level log; the model type is
+also listed among transformers' causal-LM types, so that lm-eval's HFLM takes it as one without a warning.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def register_config() -> None:
 
 def register_model() -> None:
     from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     register_config()
     AutoModelForCausalLM.register(ComposedConfig, ComposedModelForCausalLM, exist_ok=True)
+    # the model types a causal LM has (what lm-eval's HFLM reads to pick its causal backend without a warning)
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(MODEL_TYPE, ComposedModelForCausalLM.__name__)

@@ -72,8 +72,10 @@ def _snapshot(hub_id: str) -> Path:
         raise ValueError(f"base: cannot fetch {hub_id} from the hub ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-def save(composed, save_directory) -> Path:
-    """Write `composition.json` and the LoRA adapters (copied into `experts/`) into a folder.
+def save(composed, save_directory, self_contained: bool = False) -> Path:
+    """Write `composition.json` and the LoRA adapters (copied into `experts/`) into a folder; `self_contained` also
+    puts the base (into `base/`) and the full-model experts (into `experts/NAME`) in it, hard-linked where the disk
+    allows, else copied, so that the folder opens on its own wherever it is moved.
 
     Like transformers and peft, it writes beside whatever the folder holds and deletes nothing it
     did not write: only an earlier composition's `experts/` and `composition.json` are replaced
@@ -89,8 +91,9 @@ def save(composed, save_directory) -> Path:
         raise ValueError(f"base: the composition does not know its base folder (got {base!r}); load it from a local folder")
     for name in composed.experts:
         check_name(name)
-    if (out / "experts").exists() and not (out / "composition.json").is_file():
-        raise ValueError(f"{out}: holds an experts/ folder that no composition wrote; choose another folder")
+    for folder in ("experts", *(("base",) if self_contained else ())):
+        if (out / folder).exists() and not (out / "composition.json").is_file():
+            raise ValueError(f"{out}: holds {'an' if folder == 'experts' else 'a'} {folder}/ folder that no composition wrote; choose another folder")
     config_file = out / "config.json"
     if config_file.is_file() and _model_type(config_file) != MODEL_TYPE:
         raise ValueError(f"{config_file}: the config.json of another model ({_model_type(config_file)!r}); choose another folder")
@@ -98,15 +101,23 @@ def save(composed, save_directory) -> Path:
     with atomic_dir(out / "experts") as tmp:
         for name in composed.experts:
             if name in composed.full_experts:
-                experts[name] = {"kind": "full", "path": str(Path(composed.sources["full"][name]).resolve())}
+                full = Path(composed.sources["full"][name]).resolve()
+                if self_contained:
+                    link_tree(full, tmp / name)
+                experts[name] = {"kind": "full", "path": f"experts/{name}" if self_contained else str(full)}
                 continue
             save_adapter(composed.model, name, tmp / name)
             experts[name] = {"kind": "lora", "path": f"experts/{name}"}
     _save_tokenizer_and_generation_config(composed, Path(base), out)
     base = Path(base).resolve()
-    # a hub base is kept as its id; a local one relative to the folder, and absolute
-    meta = {"format": FORMAT, "base": composed.sources.get("base_id") or os.path.relpath(base, out), "base_absolute": str(base), "experts": experts,
-            "composition": composed.composition.to_dict()}
+    if self_contained:
+        with atomic_dir(out / "base") as tmp:
+            link_tree(base, tmp)
+        base = out / "base"
+    # a hub base is kept as its id (unless copied in); a local one relative to the folder, and absolute
+    hub_id = None if self_contained else composed.sources.get("base_id")
+    meta = {"format": FORMAT, "base": hub_id or os.path.relpath(base, out), "experts": experts,
+            **({} if self_contained else {"base_absolute": str(base)}), "composition": composed.composition.to_dict()}
     hf = ComposedConfig(base=meta["base"], experts=experts, composition=meta["composition"], architectures=["ComposedModelForCausalLM"])
     atomic_write_bytes(config_file, hf.to_json_string().encode())
     atomic_write_bytes(out / "composition.json", (json.dumps(meta, indent=2) + "\n").encode())
@@ -115,8 +126,8 @@ def save(composed, save_directory) -> Path:
 
 def save_pretrained(composed, save_directory, is_main_process: bool = True, push_to_hub: bool = False, max_shard_size="50GB",
                     token=None, safe_serialization: bool = True, state_dict=None, variant=None, save_peft_format: bool = True,
-                    **kwargs) -> Path:
-    """`save` with transformers' `save_pretrained` keywords: `is_main_process=False` writes nothing; `max_shard_size`
+                    self_contained: bool = False, **kwargs) -> Path:
+    """`save` (`self_contained`: the base inside the folder) with transformers' `save_pretrained` keywords: `is_main_process=False` writes nothing; `max_shard_size`
     is accepted (adapters are written whole); `push_to_hub=True` uploads the folder once written (`repo_id`, default the
     folder's name, `private`, `commit_message`, `commit_description`, `revision`, `create_pr`, with `token`). Refused by
     name before anything is written: `state_dict`, `variant`, `safe_serialization=False` (safetensors only),
@@ -131,7 +142,7 @@ def save_pretrained(composed, save_directory, is_main_process: bool = True, push
         raise ValueError(f"{next(iter(push_options))}: a push keyword needs push_to_hub=True")
     if not is_main_process:
         return Path(save_directory)
-    out = save(composed, save_directory)
+    out = save(composed, save_directory, self_contained)
     if push_to_hub:
         push(out, push_options.pop("repo_id", out.name), token, **push_options)
     return out
@@ -177,6 +188,20 @@ def push(folder: Path, repo_id: str, token=None, *, private=None, commit_message
     commit = api.upload_folder(folder_path=folder, repo_id=repo_id, commit_message=commit_message or "Upload composition",
                                commit_description=commit_description, revision=revision, create_pr=create_pr)
     return str(commit)
+
+
+def link_tree(source: Path, target: Path) -> None:
+    """Every file under `source` at the same place under `target`: hard-linked where the disk allows, else copied."""
+    import shutil
+
+    for path in sorted(Path(source).rglob("*")):
+        if path.is_file():
+            dest = target / path.relative_to(source)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                dest.hardlink_to(path)
+            except OSError:
+                shutil.copy2(path, dest)
 
 
 def _model_type(config_file: Path):

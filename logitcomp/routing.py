@@ -345,24 +345,3 @@ def routing_config(states: dict[str, torch.Tensor | list[torch.Tensor]], tau: fl
         return routing
     detectors = peak_detectors(states, shrinkage) if pool == "max" else discriminants(states, shrinkage)
     return routing | {"detectors": with_floors(detectors, floors or {})}
-
-
-def fit_routing(composed, tokenizer, prompts: dict[str, list[str]], tau: float = 0.1, threshold: float = 0.0,
-                batch_size: int = 8, score: str = "cosine", shrinkage: float = 1.0, gates: str = "scaled",
-                update: bool = True, pool: str = "mean", floors: dict[str, float] | None = None,
-                set_weights: list[dict] | None = None) -> None:
-    """Route `composed` (a `ComposedModelForCausalLM`) by the hidden states of these prompts (expert name ->
-    prompts of its skill, every composed expert), computed by its base with the adapters disabled: cosine
-    posteriors of centroids, or (score "discriminant") per-expert detectors of the prompts' mean or (`pool`
-    "max") of their tokens (each read less its expert's floor in `floors`), with `gates` "scaled" or "binary" (a
-    kept expert at its full weight), `update` False to hold the prompt's gates while decoding, and `set_weights`
-    ([{"experts": [...], "weight": λ_S}]: the gates where exactly those experts are kept times λ_S); sets its
-    `composition.routing` (saved with it by `save_pretrained`)."""
-    from contextlib import nullcontext
-
-    from peft import PeftModel
-
-    with composed.model.disable_adapter() if isinstance(composed.model, PeftModel) else nullcontext():
-        states = expert_prompt_states(composed._hf_model, tokenizer, prompts, batch_size, pool)
-    composed.composition = composed.composition.with_routing(
-        routing_config(states, tau, threshold, score, shrinkage, gates, update, pool, floors, set_weights))

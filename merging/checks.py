@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import difflib
 import logging
+from pathlib import Path
 
 from logitcomp.inputs import check_base, check_expert, vocab_size
+from logitcomp.prompts import read_prompts
 
 from .errors import RecipeError
 from .harness.evaluate import task_manager
@@ -32,8 +34,12 @@ def check_inputs(recipe, paths, rows: list[Variant], check_tasks: bool = True) -
                 log.info("experts.%s: %s is a hub reference, not checked offline", name, path)
             else:
                 check_expert(name, path, base, allow_pickle=recipe.allow_pickle, label=f"experts.{name}")
-        if paths.include_path and not paths.include_path.is_dir():
-            raise RecipeError(f"evaluate.include_path: {paths.include_path} is not a folder")
+        for folder in paths.include_paths:
+            if not folder.is_dir():
+                raise RecipeError(f"evaluate.include_path: {folder} is not a folder")
+        for name, source in paths.prompts.items():
+            if isinstance(source, Path):  # every line read: an empty file or a wrong key is refused now
+                read_prompts(f"experts.{name}.prompts", source)
         for name, kind in KINDS.items():
             of_kind = [row for row in rows if row.kind == name]
             if of_kind:
@@ -41,16 +47,20 @@ def check_inputs(recipe, paths, rows: list[Variant], check_tasks: bool = True) -
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
     if check_tasks:
-        _check_tasks(recipe, paths)
+        _check_tasks(recipe, paths, rows)
 
 
-def _check_tasks(recipe, paths) -> None:
-    known = set(task_manager(paths.include_path, list(recipe.evaluate.tasks)).all_tasks)
-    for task in recipe.evaluate.tasks:
-        if task not in known:
-            near = difflib.get_close_matches(task, sorted(known), n=3)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise RecipeError(f"evaluate.tasks: unknown lm-eval task {task!r}{hint}")
+def _check_tasks(recipe, paths, rows: list[Variant]) -> None:
+    own = {f"variants: {row.family or row.name}: route": KINDS[row.kind].tasks(row) for row in rows}
+    prompts = {f"experts.{n}.prompts.task": [p["task"]] for n, p in paths.prompts.items() if isinstance(p, dict)}
+    wanted = {"evaluate.tasks": list(recipe.evaluate.tasks), **prompts, **own}
+    known = set(task_manager(paths.include_paths, [t for ts in wanted.values() for t in ts]).all_tasks)
+    for field, tasks in wanted.items():
+        for task in tasks:
+            if task not in known:
+                near = difflib.get_close_matches(task, sorted(known), n=3)
+                hint = f"; did you mean {', '.join(near)}?" if near else ""
+                raise RecipeError(f"{field}: unknown lm-eval task {task!r}{hint}")
     if recipe.evaluate.confirm_run_unsafe_code:
         from .sandbox import check_opt_in
 

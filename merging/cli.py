@@ -73,6 +73,14 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from .export import export_row
+
+    out = export_row(args.recipe, args.row, args.out, sets=_sets(args), self_contained=args.self_contained, force=args.force)
+    print(f"{args.row}: written to {out}")
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from .generate import generate_from_recipe
 
@@ -181,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", help="build the recipe's merges only (mergekit and merge-as-LoRA) into OUTPUT/models/NAME/")
     _add_recipe(merge)
     merge.set_defaults(func=_merge)
+    export = sub.add_parser("export", help="write one row (composed, routed, merged, merged_lora) as a model folder you can serve")
+    _add_recipe(export)
+    export.add_argument("row", help="the row's name, or a swept family's (the row its run chose on validation)")
+    export.add_argument("out", metavar="OUT", help="the folder to write (new or empty)")
+    export.add_argument("--self-contained", action="store_true", help="put the base in the folder too (hard links where the disk allows)")
+    export.add_argument("--force", action="store_true", help="replace a folder that is not empty")
+    export.set_defaults(func=_export)
     gen = sub.add_parser("generate", help="compose the recipe's experts and generate from a prompt (greedy)")
     _add_recipe(gen, option=True)
     gen.add_argument("--prompt", required=True, help="the prompt text, as given (no chat template)")

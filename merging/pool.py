@@ -34,7 +34,10 @@ class ModelPool:
                                    recipe.trust_remote_code)
         self.lora = [n for n, p in paths.experts.items() if expert_kind(n, p) == "lora"]  # LoRA experts by name
         self._base = self._peft = None
-        self._prompt_states = {}  # (prompt files, limit, pool) -> each expert's routing prompts' hidden states
+        self._prompt_states = {}  # (prompt sources, limit, pool) -> each expert's routing prompts' hidden states
+        self._task_states = {}  # validation task -> its prompts' token states
+        self._tokenizer = None
+        self.fits = {}  # row name -> what its routing fitted in this run (logitcomp.routing_fit.fit), or None
 
     def base(self):
         """The base model (loaded at the first call)."""
@@ -57,22 +60,68 @@ class ModelPool:
         check_same_vocabulary(name, self.paths.experts[name], self.paths.base, model, self.base())
         return model
 
-    def prompt_states(self, files: dict[str, Path], limit: int, pool: str = "mean") -> dict:
-        """Expert -> what its routing is fitted on (`logitcomp.routing.expert_prompt_states`: the first `limit`
-        prompts of its JSONL file under the base, their mean hidden states or with `pool` "max" their tokens'),
-        computed once per run for each set of files."""
-        from transformers import AutoTokenizer
-
+    def prompt_states(self, sources: dict, limit: int, pool: str = "mean") -> dict:
+        """Expert -> what its routing is fitted on (`logitcomp.routing.expert_prompt_states` of the base: the first
+        `limit` of its example prompts, their mean hidden states or with `pool` "max" their tokens'), computed once
+        per run for each set of sources (`merging.kinds.composed.prompt_sources`)."""
         from logitcomp.routing import expert_prompt_states
 
-        key = (tuple(sorted((n, str(p)) for n, p in files.items())), limit, pool)
+        key = (repr(sorted(sources.items())), limit, pool)
         if key not in self._prompt_states:
-            prompts = {n: read_prompts(f"route.prompts.{n}", Path(p), limit) for n, p in files.items()}
-            tokenizer = AutoTokenizer.from_pretrained(self.paths.base, trust_remote_code=self.recipe.trust_remote_code)
-            peft = self._peft
-            with peft.disable_adapter() if peft is not None else contextlib.nullcontext():
-                self._prompt_states[key] = expert_prompt_states(self.base(), tokenizer, prompts, self.recipe.evaluate.batch_size, pool)
+            prompts = {n: self.example_prompts(f"the example prompts of {n}", s, limit) for n, s in sources.items()}
+            with self._base_only():
+                self._prompt_states[key] = expert_prompt_states(self.base(), self.tokenizer(), prompts, self.recipe.evaluate.batch_size, pool)
         return self._prompt_states[key]
+
+    def example_prompts(self, label: str, source, limit: int) -> list[str]:
+        """An expert's example prompts from a source: a JSONL file, a list, or {"task": NAME} (its documents' prompts)."""
+        from logitcomp.prompts import as_prompts
+
+        from .harness.evaluate import task_prompts
+
+        if isinstance(source, dict):
+            return task_prompts(source["task"], self.paths.include_paths, ("training", "validation", "test"))[:limit]
+        return as_prompts(label, source, limit)
+
+    def task_states(self, task: str) -> list:
+        """The token states (a list of (T_i, d)) of a validation task's prompts (lm-eval's contexts) under the base."""
+        from logitcomp.routing import prompt_tokens
+
+        from .harness.evaluate import task_prompts
+
+        if task not in self._task_states:
+            prompts = task_prompts(task, self.paths.include_paths, ("validation", "test"))
+            with self._base_only():
+                self._task_states[task] = prompt_tokens(self.base(), self.tokenizer(), prompts, self.recipe.evaluate.batch_size)
+        return self._task_states[task]
+
+    def kept_sets(self, routing: dict, experts: list[str], contexts: list[str]) -> dict[str, float]:
+        """The share of these prompts (lm-eval's contexts) whose gates keep each set of experts (`a+b`; `none`)."""
+        from collections import Counter
+
+        from logitcomp.routing import prompt_tokens
+        from logitcomp.routing_fit import prompt_gates
+
+        with self._base_only():
+            tokens = prompt_tokens(self.base(), self.tokenizer(), contexts, self.recipe.evaluate.batch_size)
+        kept = prompt_gates(routing, experts, tokens) > 0  # (n, k)
+        counts = Counter("+".join(e for e, k in zip(experts, row) if k) or "none" for row in kept.tolist())
+        return {name: round(count / len(contexts), 4) for name, count in counts.most_common()}
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        if self._tokenizer is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.paths.base, trust_remote_code=self.recipe.trust_remote_code)
+        return self._tokenizer
+
+    @contextlib.contextmanager
+    def _base_only(self):
+        """The base's own hidden states: the shared PeftModel's adapters disabled, for this context."""
+        import torch
+
+        with self._peft.disable_adapter() if self._peft is not None else contextlib.nullcontext(), torch.no_grad():
+            yield
 
     def load(self, label: str, path: Path):
         """A model folder loaded with the run's dtype, device and opt-ins (`label` names it in errors)."""
@@ -106,27 +155,6 @@ class ModelPool:
             self._peft = attach_lora(self._peft or self.base(), adapter, path, self.paths.base, self.options)
         except ValueError as exc:
             raise ValueError(f"{label}: {exc}") from None
-
-
-def read_prompts(label: str, path: Path, limit: int) -> list[str]:
-    """The "prompt" strings of the first `limit` lines of a JSONL file. Raises ValueError naming the file and line."""
-    import json
-
-    prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if len(prompts) == limit:
-                break
-            try:
-                prompt = json.loads(line).get("prompt")
-            except (ValueError, AttributeError):
-                prompt = None
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError(f"{label}: {path} line {number}: expected a JSON object with a non-empty \"prompt\" string")
-            prompts.append(prompt)
-    if not prompts:
-        raise ValueError(f"{label}: {path} holds no prompts")
-    return prompts
 
 
 def build_row(kind: Kind, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:

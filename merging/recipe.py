@@ -19,7 +19,8 @@ from logitcomp.inputs import check_name
 
 from .errors import RecipeError, not_a_number, unknown_key
 from .kinds import KINDS
-from .kinds.composed import COMPOSE_KEYS, composition_config
+from .kinds.composed import COMPOSE_KEYS, PromptSource, composition_config
+from .kinds.routed import RoutedRoute
 from .kinds.kind import Options, known_keys
 
 
@@ -35,6 +36,9 @@ class _Strict(BaseModel):
 class ExpertSpec(_Strict):
     path: str
     weight: float = 1.0
+    # its example prompts, what routing is fitted on: a JSONL file (relative to the recipe), a list, or {task: NAME};
+    # default: the prompts.jsonl in its folder
+    prompts: PromptSource | None = None
 
     @field_validator("weight", mode="before")
     @classmethod
@@ -85,7 +89,7 @@ class SelectSpec(_Strict):
 
 class EvaluateSpec(_Strict):
     tasks: Annotated[list[str], AfterValidator(lambda v: _unique("task", v))]
-    include_path: str | None = None
+    include_path: str | list[str] | None = None  # one folder of task YAMLs or a list of them (lm-eval's TaskManager)
     # lm-eval's limit: a count of examples per task (>= 1) or a fraction of them (0 < limit < 1)
     limit: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     num_fewshot: int | None = Field(default=None, ge=0)
@@ -226,6 +230,7 @@ class Recipe(_Strict):
     base: str
     experts: dict[str, ExpertSpec]
     compose: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    route: RoutedRoute = RoutedRoute()  # what the `routed` rows fit their routing on, and its settings
     merge: MergeSpec = MergeSpec()
     evaluate: EvaluateSpec
     variants: list[str | VariantSpec] = Field(default_factory=lambda: [n for n, k in KINDS.items() if k.default])
@@ -318,8 +323,14 @@ class Recipe(_Strict):
         return ResolvedPaths(self, Path(root))
 
     def dump(self) -> dict:
-        """The recipe as the mapping its file would hold (`vars:` only where it has variables)."""
-        return self.model_dump(mode="json", exclude=None if self.vars else {"vars"})
+        """The recipe as the mapping its file would hold (`vars:`, `route:` and an expert's `prompts:` only where given)."""
+        data = self.model_dump(mode="json", exclude=None if self.vars else {"vars"})
+        if self.route == RoutedRoute():
+            del data["route"]
+        for expert in data["experts"].values():
+            if expert["prompts"] is None:
+                del expert["prompts"]
+        return data
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.dump(), sort_keys=False)
@@ -344,7 +355,12 @@ class ResolvedPaths:
         self.base = at(recipe.base)
         self.experts = {n: at(e.path) for n, e in recipe.experts.items()}
         self.output = (root / recipe.output).resolve()
-        self.include_path = (root / recipe.evaluate.include_path).resolve() if recipe.evaluate.include_path else None
+        include = recipe.evaluate.include_path
+        self.include_paths = [(root / p).resolve() for p in ([include] if isinstance(include, str) else include or [])]
+        # expert -> its example prompts as the recipe gives them: a file's resolved Path, a list, or {"task": NAME}
+        self.prompts = {n: (root / e.prompts).resolve() if isinstance(e.prompts, str) else
+                        e.prompts if isinstance(e.prompts, list) else e.prompts.model_dump()
+                        for n, e in recipe.experts.items() if e.prompts is not None}
 
     def fetch(self) -> None:
         """Replace hub references by local snapshots (needs the hub, unless already cached)."""
@@ -362,10 +378,16 @@ class ResolvedPaths:
         self.experts = {n: get(f"experts.{n}", p) for n, p in self.experts.items()}
 
 
+def _union_tag(part) -> bool:
+    """Whether a part of a pydantic error location names a member of a union type (`dict[str,float]`,
+    `constrained-float`, `literal['fit']`) rather than a field or key."""
+    return isinstance(part, str) and ("[" in part or re.fullmatch(r"(constrained|function|lax|strict)-[a-z-]+", part) is not None)
+
+
 def load_error(exc: ValidationError) -> str:
     """A pydantic ValidationError as one line: `field.path: message` of its first error."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "recipe"
+    loc = ".".join(str(p) for p in err["loc"] if not _union_tag(p)) or "recipe"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":  # pydantic's "Extra inputs are not permitted", in the words of every other key
         loc, _, key = loc.rpartition(".")

@@ -69,14 +69,32 @@ def main_table(results: dict, tasks: list[str], variants: list[Variant], chosen:
     return f"{table}\nChosen on validation: {picks}\n"
 
 
+def routing_section(routing: dict[str, dict]) -> str:
+    """Per routed row: the λ and floors its run fitted, and per task the share of documents that kept each set of experts."""
+    text = ""
+    for row, described in routing.items():
+        fit = described.get("fit")
+        text += f"\n### {row}\n\n"
+        if fit:
+            floors = ", ".join(f"{e} {f:g}" for e, f in fit["floors"].items())
+            exact = ", ".join(f"{s} {v:.2f}" for s, v in fit["exact"].items())
+            text += (f"Fitted in the run: λ {fit['shrinkage']:g} (mean exact routing of the candidates: "
+                     f"{', '.join(f'{k}: {v:.3f}' for k, v in fit['candidates'].items())}); floors {floors}; exact routing {exact}.\n\n")
+        text += "| task | kept experts (share of its documents) |\n|---|---|\n"
+        for task, kept in described.get("kept", {}).items():
+            text += f"| {task} | {', '.join(f'{s} {v:.2f}' for s, v in kept.items())} |\n"
+    return f"\n## Routing: which experts each task's prompts kept\n{text}" if text else ""
+
+
 def write_reports(out: Path, recipe_name: str, results: dict, tasks: list[str], meta: dict, variants: list[Variant],
-                  select_on: SelectSpec | None = None) -> str:
-    """Write results.json, report.md, report.png and the sweep figures into `out`, each atomically.
-    Returns the main table (what the run prints)."""
+                  select_on: SelectSpec | None = None, routing: dict | None = None) -> str:
+    """Write results.json, report.md, report.png and the sweep figures into `out`, each atomically; `routing`:
+    row -> its record's routing (`merging.kinds.composed`'s describe). Returns the main table (what the run prints)."""
     chosen = select(results, variants, select_on)
     table = main_table(results, tasks, variants, chosen)
     selection = {"selection": {"on": select_on.model_dump() if select_on else None, "chosen": chosen}} if chosen else {}
-    atomic_write_bytes(out / "results.json", (json.dumps({**meta, **selection, "results": results}, indent=2) + "\n").encode())
+    routed = {"routing": routing} if routing else {}
+    atomic_write_bytes(out / "results.json", (json.dumps({**meta, **selection, **routed, "results": results}, indent=2) + "\n").encode())
     note = "Cells: lm-eval's metric ± its stderr (where lm-eval gives one); the plot shows the metrics that lie in [0, 1]."
     text = f"# {recipe_name}\n\n{note}\n\n{table}"
     if chosen:
@@ -84,6 +102,7 @@ def write_reports(out: Path, recipe_name: str, results: dict, tasks: list[str], 
         text += f"\n## Every configuration (the swept values too; {on} chose among them)\n\n{markdown_table(results, tasks)}"
     if set(families(variants)) - set(chosen):
         text += "\nNo `evaluate.select_on`: every swept value is shown; name a validation task to choose one.\n"
+    text += routing_section(routing or {})
     atomic_write_bytes(out / "report.md", text.encode())
     main = {v: results[v] for v in main_rows(variants, chosen)}
     atomic_write_bytes(out / "report.png", _bars(main, tasks, recipe_name))

@@ -40,19 +40,48 @@ from .report import write_reports
 
 
 def input_state(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
-    """What a variant's results were made from: per input folder its resolved path and every file's
-    size and mtime (hashing multi-GB weights at every run would not be cheap). A finished variant is
-    reused only while this is unchanged, so the same recipe text pointing elsewhere is run again."""
-    experts = KINDS[variant.kind].inputs(variant, recipe)
-    folders = {"base": paths.base, **{f"experts.{n}": paths.experts[n] for n in experts}}
-    if paths.include_path:
-        folders["evaluate.include_path"] = paths.include_path
+    """What a variant's results were made from: per input folder or file its resolved path and every file's
+    size and mtime (hashing multi-GB weights at every run would not be cheap): the base, the row's experts, the
+    task folders (`evaluate.include_path`: the task YAMLs and the data beside them), the data files a task names
+    outside them, and the kind's own (a routed row's example-prompt files). A finished variant is reused only
+    while this is unchanged, so the same recipe text pointing elsewhere is run again."""
+    kind = KINDS[variant.kind]
+    folders = {"base": paths.base, **{f"experts.{n}": paths.experts[n] for n in kind.inputs(variant, recipe)}}
+    for i, folder in enumerate(paths.include_paths):
+        folders["evaluate.include_path" + (f"[{i}]" if len(paths.include_paths) > 1 else "")] = folder
+    tasks = [*recipe.evaluate.tasks, *kind.tasks(variant)]
+    folders |= {f"task {task}: {key}": path for task, key, path in task_data_files(tasks, paths.include_paths)}
+    folders |= kind.input_files(variant, paths)
     return {field: _folder_state(Path(folder)) for field, folder in folders.items()}
 
 
+def task_data_files(tasks: list[str], include_paths: list[Path]) -> list[tuple[str, str, Path]]:
+    """(task, dataset_kwargs key, path) of each local data file or folder a task's YAML names outside the task
+    folders (those inside are in their folders' state)."""
+    from .harness.evaluate import task_manager
+
+    if not include_paths:
+        return []
+    index = task_manager(include_paths, tasks).task_index
+    out = []
+    for task in tasks:
+        entry = index.get(task)
+        if entry is None or entry.yaml_path is None or not isinstance(entry.cfg, dict):
+            continue
+        for key, value in (entry.cfg.get("dataset_kwargs") or {}).items():
+            for item in value if isinstance(value, list) else [value]:
+                path = Path(entry.yaml_path).parent / item if isinstance(item, str) else None
+                if path is not None and path.exists() and not any(path.resolve().is_relative_to(f) for f in include_paths):
+                    out.append((task, key, path.resolve()))
+    return out
+
+
 def _folder_state(folder: Path) -> dict:
-    """Every file's size and mtime under `folder`, leaving out `__pycache__` and the outputs of logitcomp runs that
-    lie inside it (a recipe's own output inside its `include_path` would otherwise change the state at every run)."""
+    """Every file's size and mtime under `folder` (or of the file `folder`), leaving out `__pycache__` and the outputs
+    of logitcomp runs that lie inside it (a recipe's own output inside its `include_path` would otherwise change the
+    state at every run)."""
+    if folder.is_file():
+        return {"path": str(folder), "files": {folder.name: [folder.stat().st_size, folder.stat().st_mtime_ns]}}
     files = []
     for root, dirs, names in os.walk(folder):
         dirs[:] = [d for d in dirs if d != "__pycache__" and not ours(Path(root) / d)]
@@ -70,10 +99,13 @@ def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths, poo
     from .harness.model import lm_eval_model
 
     start = time.perf_counter()
+    outputs = inside(paths.output, "lm_eval", variant.name)
     with KINDS[variant.kind].model(variant, pool) as model:
         lm = lm_eval_model(model, paths.base, recipe.evaluate.batch_size, recipe.trust_remote_code)
-        metrics = evaluate(lm, recipe.evaluate, paths.include_path, inside(paths.output, "lm_eval", variant.name))
-    return {"metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
+        metrics = evaluate(lm, recipe.evaluate, paths.include_paths, outputs)
+        seconds = round(time.perf_counter() - start, 1)
+        described = KINDS[variant.kind].describe(variant, model, pool, outputs) if metrics is not None else {}
+    return {"metrics": metrics, "seconds": seconds, **described}
 
 
 def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=print, processes: int = 1,
@@ -131,19 +163,21 @@ def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
     out = paths.output
     if rank == 0:
         atomic_write_bytes(out / "recipe.yaml", recipe.to_yaml().encode())
-    results, timings = {}, {}
+    results, timings, routing = {}, {}, {}
     # mergekit's LoRA experts merged into the base, shared by the run's merges (inputs cannot change within a
     # run: see input_state); a `.partial-` folder, so a killed run's copy is swept by the next run's lock
     with tempfile.TemporaryDirectory(prefix=".run.partial-lora-cache-", dir=out) if rank == 0 else contextlib.nullcontext() as cache:
         pool = ModelPool(recipe, paths, Path(cache) if cache else None)
         for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant", disable=rank != 0):
-            results[v.name], timings[v.name] = _variant(v, recipe, paths, pool, force, echo, rank, results)
+            results[v.name], timings[v.name], described = _variant(v, recipe, paths, pool, force, echo, rank, results)
+            if described:
+                routing[v.name] = described
     if rank != 0:
         return None
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}
     meta = {"recipe": recipe.dump(), "versions": packages, "seconds": timings}
     tasks = list(recipe.evaluate.tasks)
-    echo(write_reports(out, recipe.name, results, tasks, meta, variants, recipe.evaluate.select_on))
+    echo(write_reports(out, recipe.name, results, tasks, meta, variants, recipe.evaluate.select_on, routing))
     return results
 
 
@@ -165,13 +199,13 @@ def finished(v: Variant, recipe: Recipe, paths: ResolvedPaths, inputs: dict) -> 
 
 
 def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo, rank: int,
-             results: dict) -> tuple[dict, float]:
-    """One row's metrics and seconds: reused from variants/NAME.json while its inputs are unchanged, else
+             results: dict) -> tuple[dict, float, dict | None]:
+    """One row's metrics, seconds and routing (a routed row's record's, else None): reused from variants/NAME.json while its inputs are unchanged, else
     evaluated (a deriving kind's from `results`, the rows before it). Rank 0 decides, for every rank (they
     must run the same rows), and writes."""
     if KINDS[v.kind].derives:  # nothing to evaluate: made from the rows before it, at every run
         echo(f"{v.name}: derived from the rows before it")
-        return (KINDS[v.kind].derive(v, results), 0.0) if rank == 0 else (None, None)
+        return (KINDS[v.kind].derive(v, results), 0.0, None) if rank == 0 else (None, None, None)
     done = inside(paths.output, "variants", f"{v.name}.json")
     inputs = input_state(v, recipe, paths)
     record = None
@@ -186,7 +220,7 @@ def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, 
         echo(f"{v.name}: evaluated in {record['seconds']:.1f} s")
     else:
         echo(f"{v.name}: reused (its inputs are unchanged)")
-    return (record["metrics"], record["seconds"]) if rank == 0 else (None, None)
+    return (record["metrics"], record["seconds"], record.get("routing")) if rank == 0 else (None, None, None)
 
 
 def merge_recipe(p: Plan) -> dict[str, Path]:

@@ -36,7 +36,7 @@ def child(args) -> None:
     data = recipe.model_dump(mode="json", exclude_none=True)
     data.update(base=str(paths.base), experts={n: str(p) for n, p in paths.experts.items()}, variants=[row],
                 output=str(Path(args.workdir).resolve() / args.child), name=f"rss-{args.child}")
-    data["evaluate"].update(include_path=str(paths.include_path), tasks=args.tasks or data["evaluate"]["tasks"])
+    data["evaluate"].update(include_path=[str(p) for p in paths.include_paths], tasks=args.tasks or data["evaluate"]["tasks"])
     if args.limit is not None:
         data["evaluate"]["limit"] = args.limit
     data["evaluate"].pop("select_on", None)

@@ -29,19 +29,42 @@ for _name in ("lm_eval.models.huggingface", "lm_eval.api.task"):
     logging.getLogger(_name).addFilter(_DropWarnings())
 
 
-def task_manager(include_path: Path | None, tasks: list[str]):
-    """lm-eval's TaskManager; when every task is in `include_path`, only that folder is indexed
+def task_manager(include_paths: list[Path], tasks: list[str]):
+    """lm-eval's TaskManager; when every task is in `include_paths`, only those folders are indexed
     (indexing lm-eval's thousands of built-in task files takes seconds)."""
     from lm_eval.tasks import TaskManager
 
-    if include_path:
-        local = TaskManager(include_path=str(include_path), include_defaults=False)
+    folders = [str(p) for p in include_paths] or None
+    if folders:
+        local = TaskManager(include_path=folders, include_defaults=False)
         if set(tasks) <= set(local.all_tasks):
             return local
-    return TaskManager(include_path=str(include_path) if include_path else None)
+    return TaskManager(include_path=folders)
 
 
-def evaluate(lm, spec, include_path: Path | None, out: Path) -> dict | None:
+def task_prompts(task: str, include_paths: list[Path], splits: tuple[str, ...] = ("validation", "test")) -> list[str]:
+    """The contexts lm-eval gives a model for a task's documents (zero-shot), from the first of `splits` it has
+    (`training`, `validation`, `test`)."""
+    from lm_eval.tasks import get_task_dict
+
+    t = get_task_dict([task], task_manager(include_paths, [task]))[task]
+    split = next((s for s in splits if getattr(t, f"has_{s}_docs")()), None)
+    if split is None:
+        raise ValueError(f"task {task}: it has none of the splits {', '.join(splits)}")
+    return [t.doc_to_text(d) for d in getattr(t, f"{split}_docs")()]
+
+
+def sample_contexts(outputs: Path) -> dict[str, list[str]]:
+    """Task -> the contexts of its documents in lm-eval's per-sample outputs in `outputs` (each document's first
+    request's context), in document order."""
+    contexts = {}
+    for path in sorted(p for p in Path(outputs).rglob("samples_*.jsonl") if SAMPLES.fullmatch(p.name)):
+        records = [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+        contexts[SAMPLES.fullmatch(path.name)[1]] = [r["arguments"]["gen_args_0"]["arg_0"] for r in sorted(records, key=lambda r: r["doc_id"])]
+    return contexts
+
+
+def evaluate(lm, spec, include_paths: list[Path], out: Path) -> dict | None:
     """Run lm-eval on `lm` with a recipe's `evaluate:` block (`spec`); write lm-eval's aggregated results
     and per-sample outputs into `out` (replacing an earlier run's whole). Returns {task: metrics}, or None
     on a rank other than 0 under a launcher (lm-eval gathered its share on rank 0)."""
@@ -52,7 +75,7 @@ def evaluate(lm, spec, include_path: Path | None, out: Path) -> dict | None:
     lm_eval.evaluator.get_git_commit_hash = _git_hash_quietly
 
     tasks = list(spec.tasks)
-    results = simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager(include_path, tasks), limit=spec.limit,
+    results = simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager(include_paths, tasks), limit=spec.limit,
                               num_fewshot=spec.num_fewshot, gen_kwargs=dict(spec.gen_kwargs) or None, log_samples=True,
                               confirm_run_unsafe_code=spec.confirm_run_unsafe_code)
     if results is None:

@@ -11,11 +11,13 @@ from .kind import Kind, Variant
 from .merged import MergedKind
 from .merged_lora import MergedLoraKind
 from .oracle import OracleKind
+from .routed import RoutedKind
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     BaseKind(),
     ExpertsKind(),
     ComposedKind(),
+    RoutedKind(),
     MergedKind(),
     MergedLoraKind(),
     ArrowKind(),

@@ -119,14 +119,32 @@ class Kind:
         """The experts whose folders the row's model is made from (the base always is)."""
         return list(row.experts or recipe.experts)
 
+    def input_files(self, row: Variant, paths) -> dict[str, Path]:
+        """Files or folders besides the base, the experts and the tasks that the row's model is made from, by field."""
+        return {}
+
+    def tasks(self, row: Variant) -> list[str]:
+        """The lm-eval tasks the row's model is built from besides evaluate.tasks (a routed row's validation tasks)."""
+        return []
+
     # ---- models -------------------------------------------------------------------------------
-    def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:
-        """Merging kinds: write the row's model into OUTPUT/models/NAME and return that folder."""
+    def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None, folder: Path | None = None) -> Path:
+        """Merging kinds: write the row's model into `folder` (default OUTPUT/models/NAME) and return that folder."""
         raise NotImplementedError(f"{self.name} rows build no model folder")
+
+    def export(self, row: Variant, pool, out: Path, self_contained: bool = False) -> dict | None:
+        """Write the row's model into the empty folder `out` (`logitcomp export`); returns what its routing fitted, if any.
+        `self_contained`: the folder holds everything it loads (the base too)."""
+        raise ValueError(f"row: {row.name} is a {self.name} row, which writes no model of its own; export a composed, routed, "
+                         "merged or merged_lora row")
 
     def model(self, row: Variant, pool) -> AbstractContextManager:
         """A context holding the row's model, ready for lm-eval, built from the run's ModelPool."""
         raise NotImplementedError
+
+    def describe(self, row: Variant, model, pool, outputs: Path) -> dict:
+        """What the row's record holds besides its metrics, from its model and lm-eval's outputs (a folder)."""
+        return {}
 
     def derive(self, row: Variant, results: dict) -> dict:
         """Deriving kinds: the row's metrics {task: metrics} from the metrics of the rows run before it."""

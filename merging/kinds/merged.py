@@ -50,14 +50,17 @@ class MergedKind(Kind):
                     raise ValueError(f"{field}.{what}: mergekit's {row.method} takes {', '.join(takes) or 'no parameters'}"
                                      f"{' (each expert weight is experts.NAME.weight)' if key == 'weight' else ''}, got {key!r}")
 
-    def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:
+    def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None, folder: Path | None = None) -> Path:
         import bridge
 
         experts = {n: paths.experts[n] for n in row.experts}
-        return bridge.task_arithmetic(paths.base, experts, paths.output / "models" / row.name, row.weights, row.method,
+        return bridge.task_arithmetic(paths.base, experts, folder or paths.output / "models" / row.name, row.weights, row.method,
                                       row.parameters, device=recipe.evaluate.device, lora_cache=lora_cache,
                                       options=recipe.merge.options.model_dump())
 
     @contextmanager
     def model(self, row: Variant, pool):
         yield pool.load(row.name, pool.merge(self, row))
+
+    def export(self, row: Variant, pool, out: Path, self_contained: bool = False) -> None:
+        self.build(row, pool.recipe, pool.paths, folder=out)

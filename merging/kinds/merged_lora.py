@@ -22,11 +22,14 @@ class MergedLoraKind(Kind):
     def check_sweep(self, key: str) -> str | None:
         return None if key == SWEEP_KEY else f"sweep: a merged_lora variant sweeps {SWEEP_KEY} only, got {key!r}"
 
-    def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None) -> Path:
+    def build(self, row: Variant, recipe, paths, lora_cache: Path | None = None, folder: Path | None = None) -> Path:
         import bridge
 
         experts = {n: paths.experts[n] for n in row.experts}
-        return bridge.merge_as_lora(paths.base, experts, paths.output / "models" / row.name, row.weights)
+        return bridge.merge_as_lora(paths.base, experts, folder or paths.output / "models" / row.name, row.weights)
+
+    def export(self, row: Variant, pool, out: Path, self_contained: bool = False) -> None:
+        self.build(row, pool.recipe, pool.paths, folder=out)
 
     @contextmanager
     def model(self, row: Variant, pool):

@@ -11,10 +11,9 @@ validation documents. Per task, at the prompt's last token: `top` is the share o
 expert is the task's expert (one-expert tasks), `exact` the share whose composed experts (gate > 0 at the
 threshold θ) are exactly the task's experts (`a+b`: both kept, no other). Prints a markdown table and JSON.
 
-`--fit-floors` (with `--score discriminant`) chooses each expert's floor (`route: {floors: ...}`, the score its
-detector needs) on these tasks' prompts, which must be validation prompts: the value that makes "z_i above its
-floor" agree best with "the task needs expert i", averaged over the tasks (ties: the value nearest 0.5, halfway
-between the other experts' prompts and its own); it prints the floors and the table with them.
+`--fit-floors` (with `--score discriminant`) chooses each expert's floor on these tasks' prompts, which must be
+validation prompts (`logitcomp.routing_fit.fit_floors`, what a `routed` row of a recipe fits in its run); it
+prints the floors and the table with them.
 
 `--evidence` (with `--score discriminant`) prints instead each expert's detector score z_i (before the clamp
 at 0; 1 on average over its own training prompts, 0 over the other experts') on each task's prompts: mean
@@ -33,7 +32,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from logitcomp.routing import Router, expert_prompt_states, prompt_means, prompt_tokens, routing_config, threshold_gates
-from merging.pool import read_prompts
+from logitcomp.prompts import read_prompts
+from logitcomp.routing_fit import fit_floors
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"  # the shipped tasks (a source checkout)
 
@@ -74,19 +74,6 @@ def print_evidence(scores: dict[float, dict[str, torch.Tensor]], experts: list[s
     print(json.dumps({"experts": experts, "evidence": rows}))
 
 
-def fit_floors(scores: dict[str, torch.Tensor], tasks: list[tuple[str, list[int]]], experts: list[str]) -> dict[str, float]:
-    """Expert -> the floor f maximising the mean over tasks of the share of prompts on which z_i > f agrees with
-    the task needing expert i; candidates: midpoints between consecutive observed scores and one below them all."""
-    floors = {}
-    for i, name in enumerate(experts):
-        values = torch.cat([scores[t][:, i] for t, _ in tasks]).unique()  # sorted
-        candidates = torch.cat([values[:1] - 1, (values[1:] + values[:-1]) / 2])  # (c,)
-        agree = torch.stack([((scores[t][:, i, None] > candidates) == (i in wanted)).float().mean(0) for t, wanted in tasks]).mean(0)  # (c,)
-        best = candidates[agree == agree.max()]
-        floors[name] = round(float(best[(best - 0.5).abs().argmin()]), 4)
-    return floors
-
-
 def settings(args) -> list[tuple[str, dict]]:
     """(label, routing_config keywords) of every τ (cosine) or λ (discriminant) at every θ."""
     values = args.tau if args.score == "cosine" else args.shrinkage
@@ -114,7 +101,7 @@ def run(args) -> int:
     if args.evidence:
         print_evidence(scores, experts)
         return 0
-    floors = {v: fit_floors(by_task, tasks, experts) for v, by_task in scores.items()} if args.fit_floors else {}
+    floors = {v: fit_floors(by_task, dict(tasks), experts) for v, by_task in scores.items()} if args.fit_floors else {}
     for value, chosen in floors.items():
         print(f"floors at λ {value:g}: {json.dumps(chosen)}")
     rows = []

@@ -37,7 +37,7 @@ def test_routed_rows_sweep_tau_and_threshold_and_the_oracle_takes_its_experts_ro
                                              {"name": "o", "kind": "oracle", "tasks": {"val": "a", "test": "base"}}]))}
     assert rows["rt[threshold=0.5]"].parameters["route"] == {"prompts": {}, "tau": 0.2, "threshold": 0.5, "score": "cosine", "shrinkage": 1.0,
                                                            "gates": "scaled", "update": True, "pool": "mean", "floors": {},
-                                                           "set_weights": [], "limit": 200}
+                                                           "validation": {}, "set_weights": [], "limit": 200}
     assert rows["rt[threshold=0.5]"].config.routing is None  # centroids are computed when the row's model is built
     assert rows["o"].parameters == {"tasks": {"val": "a", "test": "base"}}
     from merging.kinds import KINDS

@@ -148,16 +148,16 @@ def test_routing_accuracy_pools_the_detectors_scores_as_documented():
     assert abs(rescaled["a"][:, 0].mean() - 1) < 1e-4 and abs(torch.cat([rescaled["b"][:, 0], rescaled["c"][:, 0]]).mean()) < 1e-4
 
 
-def test_routing_accuracy_fits_each_floor_between_the_prompts_that_need_the_expert_and_those_that_do_not():
-    from merging.tools import routing_report as ra
+def test_routing_fit_fits_each_floor_between_the_prompts_that_need_the_expert_and_those_that_do_not():
+    from logitcomp.routing_fit import fit_floors
 
     # z (n, k) of experts a, b on three validation tasks: a only, a + b, b only
     scores = {"a": torch.tensor([[0.9, 0.3], [1.0, 0.45]]), "ab": torch.tensor([[0.8, 0.6], [0.7, 0.7]]),
               "b": torch.tensor([[0.1, 1.0], [0.2, 1.1]])}
-    tasks = [("a", [0]), ("ab", [0, 1]), ("b", [1])]
+    tasks = {"a": [0], "ab": [0, 1], "b": [1]}
     # a: needed where z ≥ 0.7, not where z ≤ 0.2 -> halfway, 0.45; b: needed from 0.6 up, not at 0.3 and 0.45 -> 0.525
-    assert ra.fit_floors(scores, tasks, ["a", "b"]) == {"a": 0.45, "b": 0.525}
+    assert fit_floors(scores, tasks, ["a", "b"]) == {"a": 0.45, "b": 0.525}
     # no floor separates b's prompts once one a + b prompt scores 0.4: 0.35 (keeps b on an a-only prompt) and 0.575
     # (drops it on that a + b prompt) each agree on 5 of 6 prompts, 0.425 on 4 of 6; of the two, the one nearer 0.5
     scores["ab"][0, 1] = 0.4
-    assert ra.fit_floors(scores, tasks, ["a", "b"])["b"] == 0.575
+    assert fit_floors(scores, tasks, ["a", "b"])["b"] == 0.575

@@ -93,7 +93,7 @@ def test_score_first_scores_the_contents_first_token_and_leaves_every_other_posi
 def test_an_expert_folder_gets_a_seeded_sample_of_its_distinct_training_prompts(tmp_path):
     """prompts.jsonl (what routed compositions fit their centroids on): distinct training prompts, at most
     ROUTE_PROMPTS, the same sample for the same seed, readable by the recipe side's reader."""
-    from merging.pool import read_prompts
+    from logitcomp.prompts import read_prompts
     from merging.worlds.common import ROUTE_PROMPTS, write_prompts
 
     training = [f"Question: {i % 300}?\nAnswer:" for i in range(900)]  # 300 distinct prompts, each three times

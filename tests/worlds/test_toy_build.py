@@ -46,7 +46,7 @@ def test_every_saved_file_reloads(fast_world):
 def test_experts_carry_routing_prompts_drawn_as_their_training_prompts(fast_world):
     """prompts.jsonl of each expert: ROUTE_PROMPTS distinct prompts of the copy layout, about half holding the
     rule's letter; a reused world that lacks them gets the same file back."""
-    from merging.pool import read_prompts
+    from logitcomp.prompts import read_prompts
     from merging.worlds.common import ROUTE_PROMPTS
     from merging.worlds.toy.build import ensure_toy_world
     from merging.worlds.toy.data import RULES, SEPARATOR
