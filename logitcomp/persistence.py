@@ -6,7 +6,9 @@ in; the base and full-model experts are referenced by path (they can be gigabyte
 to the folder (so a folder moved with its base still opens) and absolute (so one moved alone does too).
 Beside it, what makes the folder a transformers model folder: `config.json` (`hf_config.ComposedConfig`),
 the base's tokenizer files and the generation config. The model class is passed in (`cls`) so that this
-module does not import it.
+module does not import it. A folder of peft's Arrow over LoRA adapters (`save_arrow`, what `logitcomp export`
+writes for an arrow row) has the same layout with `"arrow"` (ArrowConfig's fields) in place of `"composition"`, and
+opens into peft's Arrow model.
 """
 
 from __future__ import annotations
@@ -91,12 +93,7 @@ def save(composed, save_directory, self_contained: bool = False) -> Path:
         raise ValueError(f"base: the composition does not know its base folder (got {base!r}); load it from a local folder")
     for name in composed.experts:
         check_name(name)
-    for folder in ("experts", *(("base",) if self_contained else ())):
-        if (out / folder).exists() and not (out / "composition.json").is_file():
-            raise ValueError(f"{out}: holds {'an' if folder == 'experts' else 'a'} {folder}/ folder that no composition wrote; choose another folder")
-    config_file = out / "config.json"
-    if config_file.is_file() and _model_type(config_file) != MODEL_TYPE:
-        raise ValueError(f"{config_file}: the config.json of another model ({_model_type(config_file)!r}); choose another folder")
+    _check_folder(out, self_contained)
     experts = {}
     with atomic_dir(out / "experts") as tmp:
         for name in composed.experts:
@@ -108,20 +105,56 @@ def save(composed, save_directory, self_contained: bool = False) -> Path:
                 continue
             save_adapter(composed.model, name, tmp / name)
             experts[name] = {"kind": "lora", "path": f"experts/{name}"}
-    _save_tokenizer_and_generation_config(composed, Path(base), out)
+    _save_tokenizer_and_generation_config(composed.generation_config, Path(base), out)
+    _write_meta(out, Path(base), experts, {"composition": composed.composition.to_dict()}, self_contained, composed.sources.get("base_id"))
+    return out
+
+
+def save_arrow(save_directory, base, adapters: dict, arrow: dict, self_contained: bool = False) -> Path:
+    """peft's Arrow routing over LoRA adapters of `base` (`peft.create_arrow_model` with `ArrowConfig(**arrow)`) as a
+    folder that opens as a composition folder does (`from_pretrained`, the Auto classes, lm-eval), into peft's Arrow
+    model: the adapters copied into `experts/`, the base referenced (or with `self_contained`, put in `base/`)."""
+    from transformers import GenerationConfig
+
+    out = Path(save_directory).resolve()
+    for name in adapters:
+        check_name(name)
+    _check_folder(out, self_contained)
+    with atomic_dir(out / "experts") as tmp:
+        for name, path in adapters.items():
+            link_tree(Path(path), tmp / name)
     base = Path(base).resolve()
+    generation = GenerationConfig.from_pretrained(base) if (base / "generation_config.json").is_file() else GenerationConfig()
+    _save_tokenizer_and_generation_config(generation, base, out)
+    experts = {name: {"kind": "lora", "path": f"experts/{name}"} for name in adapters}
+    _write_meta(out, base, experts, {"arrow": dict(arrow)}, self_contained)
+    return out
+
+
+def _check_folder(out: Path, self_contained: bool) -> None:
+    """Refuse a folder whose experts/ (or base/) or config.json another writer left: `save` replaces only its own."""
+    for folder in ("experts", *(("base",) if self_contained else ())):
+        if (out / folder).exists() and not (out / "composition.json").is_file():
+            raise ValueError(f"{out}: holds {'an' if folder == 'experts' else 'a'} {folder}/ folder that no composition wrote; choose another folder")
+    config_file = out / "config.json"
+    if config_file.is_file() and _model_type(config_file) != MODEL_TYPE:
+        raise ValueError(f"{config_file}: the config.json of another model ({_model_type(config_file)!r}); choose another folder")
+
+
+def _write_meta(out: Path, base: Path, experts: dict, body: dict, self_contained: bool, hub_id: str | None = None) -> None:
+    """composition.json (the base, the experts, `body`) and config.json, each atomically, the base put in first if
+    `self_contained`."""
+    base = base.resolve()
     if self_contained:
         with atomic_dir(out / "base") as tmp:
             link_tree(base, tmp)
-        base = out / "base"
+        base, hub_id = out / "base", None
     # a hub base is kept as its id (unless copied in); a local one relative to the folder, and absolute
-    hub_id = None if self_contained else composed.sources.get("base_id")
     meta = {"format": FORMAT, "base": hub_id or os.path.relpath(base, out), "experts": experts,
-            **({} if self_contained else {"base_absolute": str(base)}), "composition": composed.composition.to_dict()}
-    hf = ComposedConfig(base=meta["base"], experts=experts, composition=meta["composition"], architectures=["ComposedModelForCausalLM"])
-    atomic_write_bytes(config_file, hf.to_json_string().encode())
+            **({} if self_contained else {"base_absolute": str(base)}), **body}
+    hf = ComposedConfig(base=meta["base"], experts=experts, composition=body.get("composition", {}), architectures=["ComposedModelForCausalLM"])
+    atomic_write_bytes(out / "config.json", hf.to_json_string().encode())
     atomic_write_bytes(out / "composition.json", (json.dumps(meta, indent=2) + "\n").encode())
-    return out
 
 
 def save_pretrained(composed, save_directory, is_main_process: bool = True, push_to_hub: bool = False, max_shard_size="50GB",
@@ -211,13 +244,13 @@ def _model_type(config_file: Path):
         return None
 
 
-def _save_tokenizer_and_generation_config(composed, base: Path, out: Path) -> None:
-    """The base's tokenizer files and the composition's generation config, each file moved in atomically."""
+def _save_tokenizer_and_generation_config(generation_config, base: Path, out: Path) -> None:
+    """The base's tokenizer files and the model's generation config, each file moved in atomically."""
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory(prefix=".partial-", dir=out) as tmp:
         AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
-        composed.generation_config.save_pretrained(tmp)
+        generation_config.save_pretrained(tmp)
         for name in os.listdir(tmp):
             os.replace(Path(tmp) / name, out / name)
 
@@ -241,4 +274,13 @@ def load(cls, directory, options: LoadOptions):
         base = meta["base"]  # a hub id, resolved through the hub cache
     elif not base.is_dir() and meta.get("base_absolute"):
         base = Path(meta["base_absolute"])  # the folder was moved without its base
+    if "arrow" in meta:
+        return load_arrow(base, paths, meta["arrow"], options)
     return from_experts(cls, base, paths, None, CompositionConfig(**meta["composition"]), options)
+
+
+def load_arrow(base, adapters: dict, arrow: dict, options: LoadOptions):
+    """peft's Arrow model of a folder `save_arrow` wrote: `create_arrow_model` over its adapters, in eval mode."""
+    from peft import ArrowConfig, create_arrow_model
+
+    return create_arrow_model(load_model("base", base, options), [str(p) for p in adapters.values()], ArrowConfig(**arrow)).eval()

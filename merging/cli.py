@@ -96,7 +96,7 @@ def _generate(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--rule-param: expected NAME=NUMBER, got {item!r}") from None
     out = generate_from_recipe(args.recipe, args.prompt, args.max_new_tokens, args.trace, args.rule, params or None,
-                               sets=_sets(args))
+                               sets=_sets(args), row=args.row)
     print(out.text)
     if args.trace:
         print("token      " + " ".join(f"{e:>10}" for e in out.experts) + "    entropy")
@@ -196,8 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--self-contained", action="store_true", help="put the base in the folder too (hard links where the disk allows)")
     export.add_argument("--force", action="store_true", help="replace a folder that is not empty")
     export.set_defaults(func=_export)
-    gen = sub.add_parser("generate", help="compose the recipe's experts and generate from a prompt (greedy)")
+    gen = sub.add_parser("generate", help="compose the recipe's experts (or build one of its rows) and generate from a prompt (greedy)")
     _add_recipe(gen, option=True)
+    gen.add_argument("--row", help="a row of the recipe (routed, merged, ...; a swept family: its chosen row) instead of the composition of every expert")
     gen.add_argument("--prompt", required=True, help="the prompt text, as given (no chat template)")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=32, help="tokens to generate at most")
     gen.add_argument("--trace", action="store_true", help="print each expert's activity KL(p_i || p_b) per token")

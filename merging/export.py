@@ -4,7 +4,8 @@ writes a merge.
 A composed or routed row becomes a composition folder (`ComposedModelForCausalLM.save_pretrained`: a transformers
 model folder that `AutoModelForCausalLM`, `pipeline` and `lm_eval --model hf` open after `import logitcomp`), its
 routing fitted as the run fits it; a merged row a mergekit folder (with `mergekit_config.yml` and the
-`mergekit-yaml` command that rebuilds it); a merged_lora row a peft adapter. A swept family's name exports the row
+`mergekit-yaml` command that rebuilds it); a merged_lora row a peft adapter; an arrow row a folder of its adapters
+that opens, through the same Auto classes, into peft's Arrow model. A swept family's name exports the row
 its run chose on validation (the run must have finished those rows, from unchanged inputs). Beside the model,
 `logitcomp_export.json` records the recipe, the row and what its run fitted.
 """

@@ -49,20 +49,20 @@ def input_state(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
     folders = {"base": paths.base, **{f"experts.{n}": paths.experts[n] for n in kind.inputs(variant, recipe)}}
     for i, folder in enumerate(paths.include_paths):
         folders["evaluate.include_path" + (f"[{i}]" if len(paths.include_paths) > 1 else "")] = folder
-    tasks = [*recipe.evaluate.tasks, *kind.tasks(variant)]
-    folders |= {f"task {task}: {key}": path for task, key, path in task_data_files(tasks, paths.include_paths)}
+    tasks = (*recipe.evaluate.tasks, *kind.tasks(variant))
+    folders |= {f"task {task}: {key}": path for task, key, path in task_data_files(tasks, tuple(paths.include_paths))}
     folders |= kind.input_files(variant, paths)
     return {field: _folder_state(Path(folder)) for field, folder in folders.items()}
 
 
-def task_data_files(tasks: list[str], include_paths: list[Path]) -> list[tuple[str, str, Path]]:
+def task_data_files(tasks: tuple[str, ...], include_paths: tuple[Path, ...]) -> list[tuple[str, str, Path]]:
     """(task, dataset_kwargs key, path) of each local data file or folder a task's YAML names outside the task
     folders (those inside are in their folders' state)."""
     from .harness.evaluate import task_manager
 
     if not include_paths:
         return []
-    index = task_manager(include_paths, tasks).task_index
+    index = task_manager(list(include_paths), list(tasks)).task_index
     out = []
     for task in tasks:
         entry = index.get(task)

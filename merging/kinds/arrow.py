@@ -74,3 +74,8 @@ class ArrowKind(Kind):
         config = ArrowConfig(**row.parameters)
         paths = [str(pool.paths.experts[n]) for n in row.experts]
         yield create_arrow_model(pool.load("base", pool.paths.base), paths, config).eval()
+
+    def export(self, row: Variant, pool, out, self_contained: bool = False) -> None:
+        from logitcomp.persistence import save_arrow
+
+        save_arrow(out, pool.paths.base, {n: pool.paths.experts[n] for n in row.experts}, row.parameters, self_contained)

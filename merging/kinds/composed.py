@@ -3,14 +3,17 @@
 A named row takes any `compose:` option (eos_policy, rule, rule_params, ...) over the recipe's block,
 flat or under `compose:`; it sweeps λ (every expert's weight times λ) or a parameter of its rule.
 With `route:` its experts' weights are gated per position by hidden-state routing (`logitcomp.routing`):
-each expert's centroid from prompts of its skill, by default the `prompts.jsonl` its trainer left in its
-folder (one JSON object with a "prompt" string per line; the first `limit` are read); `score:
+each expert's centroid from its example prompts (`route.prompts`, else the recipe's `experts.NAME.prompts`, else
+the `prompts.jsonl` its trainer left in its folder: a JSONL file of {"prompt": ...} lines, a list, or `{task:
+NAME}`; the first `limit`); `score:
 discriminant` detects each expert on its own (`shrinkage` λ of the covariance) instead of the cosine
 posteriors; `pool: max` (with `score: discriminant`) detects each expert on single tokens, keeping each
 detector's maximum over the tokens so far; `floors` (expert -> score) holds an expert's detector to its own bar;
 `gates: binary` composes the kept experts at their full weights; `set_weights` (a list of {experts, weight})
 multiplies the gates where exactly those experts are kept by the weight (a pair's validated λ);
-`update: false` holds the prompt's gates while decoding; it then also sweeps `tau`, `threshold` or `shrinkage`.
+`update: false` holds the prompt's gates while decoding; `floors: fit` fits the floors (and λ among a list of
+`shrinkage` values) in the run on the `validation` tasks' prompts (`logitcomp.routing_fit`; the `routed` kind's
+default). A routed row also sweeps `tau`, `threshold` or `shrinkage`.
 """
 
 from __future__ import annotations

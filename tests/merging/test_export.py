@@ -261,3 +261,67 @@ def test_include_path_takes_a_list_and_the_shipped_scorers_import_from_a_task_of
                      evaluate={"tasks": ["my_polite", GEN], "include_path": [str(mine), str(TASKS)], "limit": 2, "batch_size": 2})
     results = run_recipe(recipe, echo=lambda *_: None)
     assert list(results) == ["b"] and "polite,none" in results["b"]["my_polite"] and GEN in results["b"]
+
+
+def test_an_experts_example_prompts_may_be_an_lm_eval_tasks_prompts(tiny, tmp_path):
+    """`prompts: {task: NAME}`: the task's own contexts (training split first, then validation, then test), the
+    first `limit`; a routed row fitted on them equals fit_routing given those contexts as a list."""
+    from transformers import AutoTokenizer
+
+    from logitcomp import ComposedModelForCausalLM, fit_routing
+    from merging.harness.evaluate import task_prompts
+    from merging.runner import run_recipe
+
+    experts = {"a": {"path": str(tiny.adapters["a"]), "prompts": {"task": "toy_a2b_val"}},
+               "b": {"path": str(tiny.adapters["b"]), "prompts": {"task": "toy_c2d_val"}}}
+    recipe = _recipe(tiny, tmp_path, experts=experts, route={"limit": 6}, variants=["routed"])
+    run_recipe(recipe, echo=lambda *_: None)
+    recorded = json.loads((tmp_path / "out" / "variants" / "routed.json").read_text())["routing"]["fit"]
+    lists = {n: task_prompts(t, [TASKS], ("training", "validation", "test"))[:6] for n, t in (("a", "toy_a2b_val"), ("b", "toy_c2d_val"))}
+    assert all(len(p) == 6 for p in lists.values())
+    composed = ComposedModelForCausalLM.from_experts(tiny.base, {"a": tiny.adapters["a"], "b": tiny.adapters["b"]})
+    fit = fit_routing(composed, AutoTokenizer.from_pretrained(tiny.base), lists, score="discriminant", pool="max", gates="binary",
+                      update=False, shrinkage=[0.1, 1.0, 10.0], floors="fit")
+    assert {k: fit[k] for k in ("shrinkage", "floors")} == {k: recorded[k] for k in ("shrinkage", "floors")}
+
+
+def test_an_exported_arrow_row_opens_as_peft_arrow_with_the_rows_scores(tiny, tmp_path):
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    import logitcomp  # noqa: F401
+    from common import make_tiny_lora
+    from merging.cli import main
+    from merging.runner import run_recipe
+
+    same = {n: make_tiny_lora(tiny.base, tmp_path / "adapters" / n, seed=s, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+            for s, n in enumerate("ab", 21)}
+    recipe = _recipe(tiny, tmp_path, experts={n: str(p) for n, p in same.items()}, route={},
+                     variants=[{"name": "arrow", "kind": "arrow", "top_k": 1}])
+    results = run_recipe(recipe, echo=lambda *_: None)
+    assert main(["export", str(recipe), "arrow", str(tmp_path / "served")]) == 0
+    got = simple_evaluate(model=HFLM(pretrained=str(tmp_path / "served"), batch_size=4, device="cpu"), tasks=[GEN, "smol_text"], limit=4,
+                          task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
+    for task in (GEN, "smol_text"):
+        for key, value in results["arrow"][task].items():
+            if isinstance(value, float) and "stderr" not in key:
+                assert abs(got["results"][task][key] - value) <= 1e-6, (task, key)
+
+
+def test_generate_decodes_one_row_as_the_export_does(tiny, tmp_path, capsys):
+    """`logitcomp generate --row routed` is the exported folder's greedy text."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import logitcomp  # noqa: F401
+    from merging.cli import main
+
+    recipe = _recipe(tiny, tmp_path, variants=["routed"])
+    assert main(["generate", "--recipe", str(recipe), "--row", "routed", "--prompt", "ABAB>", "--max-new-tokens", "6"]) == 0
+    text = capsys.readouterr().out.splitlines()[0]
+    assert main(["export", str(recipe), "routed", str(tmp_path / "served")]) == 0
+    tok = AutoTokenizer.from_pretrained(tmp_path / "served")
+    batch = tok(["ABAB>"], return_tensors="pt")
+    ids = AutoModelForCausalLM.from_pretrained(tmp_path / "served").generate(**batch, max_new_tokens=6, do_sample=False)
+    assert text == tok.decode(ids[0, batch.input_ids.shape[1]:], skip_special_tokens=True)
+    assert main(["generate", "--recipe", str(recipe), "--row", "nope", "--prompt", "x"]) == 2
