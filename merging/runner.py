@@ -200,9 +200,9 @@ def finished(v: Variant, recipe: Recipe, paths: ResolvedPaths, inputs: dict) -> 
 
 def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo, rank: int,
              results: dict) -> tuple[dict, float, dict | None]:
-    """One row's metrics, seconds and routing (a routed row's record's, else None): reused from variants/NAME.json while its inputs are unchanged, else
-    evaluated (a deriving kind's from `results`, the rows before it). Rank 0 decides, for every rank (they
-    must run the same rows), and writes."""
+    """One row's metrics, seconds and routing (a routed row's record's, else None): reused from variants/NAME.json
+    while its inputs are unchanged, else evaluated (a deriving kind's from `results`, the rows before it). Rank 0
+    decides, for every rank (they must run the same rows), and writes."""
     if KINDS[v.kind].derives:  # nothing to evaluate: made from the rows before it, at every run
         echo(f"{v.name}: derived from the rows before it")
         return (KINDS[v.kind].derive(v, results), 0.0, None) if rank == 0 else (None, None, None)

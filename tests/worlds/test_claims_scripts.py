@@ -161,3 +161,39 @@ def test_routing_fit_fits_each_floor_between_the_prompts_that_need_the_expert_an
     # (drops it on that a + b prompt) each agree on 5 of 6 prompts, 0.425 on 4 of 6; of the two, the one nearer 0.5
     scores["ab"][0, 1] = 0.4
     assert fit_floors(scores, tasks, ["a", "b"])["b"] == 0.575
+
+
+def test_routing_fit_chooses_lambda_and_floors_as_the_routing_report_and_a_hand_count_do():
+    """`logitcomp.routing_fit.fit` (what a routed row runs) against `logitcomp routing-report`'s own scoring of the
+    same prompts (merging/tools/routing_report.pooled_scores), the floors it fits, and exact routing counted by hand;
+    the λ of the best mean exact, ties to the largest."""
+    from merging.tools import routing_report as ra
+
+    from logitcomp.routing_fit import fit, fit_floors
+
+    gen = torch.Generator().manual_seed(5)
+    # two experts' prompts (d = 4), shifted along their own axes; labelled sets: a alone, b alone, both (tokens of each)
+    train = {e: [torch.randn(3 + j % 3, 4, generator=gen) + 0.8 * torch.eye(4)[i] for j in range(8)] for i, e in enumerate("ab")}
+    both = [torch.cat([torch.randn(2, 4, generator=gen) + 0.8 * torch.eye(4)[0], torch.randn(2, 4, generator=gen) + 0.8 * torch.eye(4)[1]])
+            for _ in range(5)]  # overlapping: the candidates' exact routing differs (0.633, 0.633, 0.567: a tie, then the largest)
+    labelled = {"a": (train["a"][:4], ["a"]), "b": (train["b"][:4], ["b"]), "ab": (both, ["a", "b"])}
+    lambdas = [0.1, 1.0, 10.0]
+    got = fit(train, labelled, lambdas, pool="max")
+    means = {}
+    for value in lambdas:
+        scores = ra.pooled_scores(train, {n: tokens for n, (tokens, _) in labelled.items()}, "max", value)  # (n, k) per set
+        wanted = {n: [list(train).index(e) for e in need] for n, (_, need) in labelled.items()}
+        floors = fit_floors(scores, wanted, list(train))
+        exact = {}
+        for name, z in scores.items():
+            hits = 0
+            for row in z.tolist():
+                kept = {e for e, s, f in zip(train, row, floors.values()) if s - f > 0}
+                hits += kept == set(labelled[name][1])
+            exact[name] = hits / len(z)
+        means[value] = sum(exact.values()) / len(exact)
+        if value == got["shrinkage"]:
+            assert got["floors"] == floors and got["exact"] == pytest.approx(exact, abs=1e-4)
+    best = max(means.values())
+    assert len({round(m, 4) for m in means.values()}) > 1 and got["shrinkage"] == max(v for v, m in means.items() if abs(m - best) < 1e-9)
+    assert got["candidates"] == {f"{v:g}": pytest.approx(m, abs=1e-4) for v, m in means.items()}
