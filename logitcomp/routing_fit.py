@@ -83,10 +83,10 @@ def fit(states: dict[str, list[torch.Tensor]], labelled: dict[str, tuple[list[to
     if unknown:
         raise ValueError(f"routing fit: {unknown[0]!r} is not a routed expert; expected names from {experts}")
     wanted = {name: [experts.index(e) for e in need] for name, (_, need) in labelled.items()}
+    pooled = states if pool == "max" else {e: torch.stack([h.mean(0) for h in hs]) for e, hs in states.items()}  # (n_e, d) means
     fitted = {}
     for value in shrinkages:
-        routing = routing_config(states if pool == "max" else {e: torch.stack([h.mean(0) for h in hs]) for e, hs in states.items()},
-                                 score="discriminant", shrinkage=value, pool=pool)
+        routing = routing_config(pooled, score="discriminant", shrinkage=value, pool=pool)
         scores = {name: prompt_scores(routing, experts, tokens) for name, (tokens, _) in labelled.items()}
         floors = fit_floors(scores, wanted, experts)
         exact = exact_shares(scores, wanted, [floors[e] for e in experts], threshold)

@@ -153,11 +153,8 @@ class ComposedKind(Kind):
 
     def check(self, rows: list[Variant], recipe, paths) -> None:
         for row in rows:
-            route = row.parameters.get("route")
-            if route:
-                for name, source in prompt_sources(row, paths).items():
-                    if isinstance(source, Path):  # every line read: an empty file or a wrong key is refused now
-                        read_prompts(f"variants: {row.family or row.name}: the example prompts of {name}", source)
+            for field, path in self.input_files(row, paths).items():  # every line read: an empty file or a wrong key is refused now
+                read_prompts(f"variants: {row.family or row.name}: {field}", path)
 
     def input_files(self, row: Variant, paths) -> dict[str, Path]:
         if not row.parameters.get("route"):

@@ -31,21 +31,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from logitcomp.routing import Router, expert_prompt_states, prompt_means, prompt_tokens, routing_config, threshold_gates
 from logitcomp.prompts import read_prompts
-from logitcomp.routing_fit import fit_floors
+from logitcomp.routing import Router, expert_prompt_states, prompt_means, prompt_tokens, routing_config, threshold_gates
+from logitcomp.routing_fit import fit_floors, prompt_scores
+from merging.harness.evaluate import task_prompts
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks"  # the shipped tasks (a source checkout)
-
-
-def task_prompts(task: str, include_path: Path | None = None) -> list[str]:
-    """The contexts lm-eval gives a model for the task's evaluation documents (validation split first); the task's
-    YAML under `include_path` (default: the shipped recipes/tasks)."""
-    from lm_eval.tasks import TaskManager, get_task_dict
-
-    t = get_task_dict([task], TaskManager(include_path=str(include_path or TASKS), include_defaults=False))[task]
-    docs = t.validation_docs() if t.has_validation_docs() else t.test_docs()
-    return [t.doc_to_text(d) for d in docs]
 
 
 def pooled_scores(train: dict[str, list[torch.Tensor]], tasks: dict[str, list[torch.Tensor]], pool: str,
@@ -58,8 +49,8 @@ def pooled_scores(train: dict[str, list[torch.Tensor]], tasks: dict[str, list[to
         feats = {e: torch.stack([reduce(h) for h in hs]) for e, hs in train.items()}  # (n_e, d)
         router = Router.from_config(routing_config(feats, score="discriminant", shrinkage=shrinkage), experts)
         return {t: router.scores(torch.stack([reduce(h) for h in hs])) for t, hs in tasks.items()}
-    router = Router.from_config(routing_config(train, score="discriminant", shrinkage=shrinkage, pool="max"), experts)
-    return {t: torch.stack([router.scores(h).amax(0) for h in hs]) for t, hs in tasks.items()}  # (n, k): each detector's max
+    routing = routing_config(train, score="discriminant", shrinkage=shrinkage, pool="max")
+    return {t: prompt_scores(routing, experts, hs) for t, hs in tasks.items()}  # (n, k): each detector's max, as routing_fit scores
 
 
 def print_evidence(scores: dict[float, dict[str, torch.Tensor]], experts: list[str]) -> None:
@@ -93,10 +84,10 @@ def run(args) -> int:
     with torch.no_grad():
         if args.score == "cosine":
             train = expert_prompt_states(base, tok, prompts)
-            means = {task: prompt_means(base, tok, task_prompts(task, args.include_path)) for task, _ in tasks}
+            means = {task: prompt_means(base, tok, task_prompts(task, [args.include_path or TASKS])) for task, _ in tasks}
         else:
             states = expert_prompt_states(base, tok, prompts, pool="max")  # every token: each pooling below reads them
-            task_states = {task: prompt_tokens(base, tok, task_prompts(task, args.include_path)) for task, _ in tasks}
+            task_states = {task: prompt_tokens(base, tok, task_prompts(task, [args.include_path or TASKS])) for task, _ in tasks}
             scores = {v: pooled_scores(states, task_states, args.pool, v) for v in args.shrinkage}
     if args.evidence:
         print_evidence(scores, experts)
