@@ -3,8 +3,9 @@
 peft's mixed-adapter batches (`adapter_names=[...]`) split every LoRA layer's input by adapter and
 run the base layer once per group, which decodes no faster than separate models (measured on 2
 CPU cores, 58M Llama, three rows: 0.34x the steps/s of one row). Here the rows are laid out in contiguous blocks [base | expert 1 | ... |
-expert m] of B rows each; the base layer runs once on all (1 + m)·B rows and the experts' updates
-s_i · (x A_iᵀ) B_iᵀ are added on their own blocks by one pair of `torch.bmm` per layer.
+expert m] (`logitcomp.layout`: B rows each, or only the inputs that use an expert); the base layer runs once on
+all rows and the experts' updates s_i · (x A_iᵀ) B_iᵀ are added on their own blocks by one pair of `torch.bmm`
+per layer (one pair per expert where the blocks differ in size).
 
 peft stays the loader and the exactness reference. The A/B matrices are stacked (zero-padded to
 the largest rank, scale folded into B) when a composition is built, a few percent of the base's
@@ -16,7 +17,7 @@ inside `with grouped_lora(...)`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -24,6 +25,8 @@ from functools import partial
 import torch
 from peft.tuners.lora import Linear as LoraLinear
 from peft.tuners.lora import LoraLayer
+
+from .layout import RowLayout
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class StackedUpdates:
     first: int  # first block with an update (block 0 is the base)
     a: torch.Tensor  # (n, in, r_max): A_iᵀ, zero-padded
     b: torch.Tensor  # (n, r_max, out): s_i · B_iᵀ, zero-padded
+    held: tuple[bool, ...]  # per block: the expert has a LoRA layer here (else its factors are zeros)
 
 
 def _check(module, adapter: str, where: str) -> None:
@@ -59,7 +63,7 @@ def _stack(module, groups: dict[int, str]) -> StackedUpdates:
         rank = module.lora_A[name].weight.shape[0]
         a[group - first, :, :rank] = module.lora_A[name].weight.t()
         b[group - first, :rank] = module.lora_B[name].weight.t() * module.scaling[name]
-    return StackedUpdates(first, a, b)
+    return StackedUpdates(first, a, b, tuple(group in groups for group in range(first, last + 1)))
 
 
 def collect_lora_layers(model: torch.nn.Module, adapters: list[str]) -> list[tuple[LoraLayer, StackedUpdates | None]]:
@@ -139,23 +143,35 @@ class LoraStack:
             self._frozen = False
 
 
-def _add_updates(layer, args, output, *, updates: StackedUpdates, groups: int):
-    # Runs once per LoRA layer per decoding step: two batched matmuls whatever the number of experts.
-    x = args[0].reshape(groups, -1, args[0].shape[-1])  # (G, B·T, in)
-    out = output.view(groups, -1, output.shape[-1])  # (G, B·T, out), a view of the layer's output
-    blocks = slice(updates.first, updates.first + updates.a.shape[0])
-    low = torch.bmm(x[blocks].to(updates.a.dtype), updates.a)  # (n, B·T, r)
-    out[blocks] += torch.bmm(low, updates.b).to(out.dtype)  # (n, B·T, out)
+def _add_updates(layer, args, output, *, updates: StackedUpdates, layout: Callable[[], RowLayout]):
+    # Runs once per LoRA layer per forward: one pair of batched matmuls where the experts have as many rows each
+    # (every full layout), else one pair per expert with rows.
+    rows = layout()
+    start, end, counts = rows.span(updates.first - 1, updates.a.shape[0])  # experts first .. (block 0 is the base)
+    if end == start:
+        return output
+    x = args[0].reshape(rows.total, -1, args[0].shape[-1])  # (N, T, in)
+    out = output.view(rows.total, -1, output.shape[-1])  # (N, T, out), a view of the layer's output
+    if len(set(counts)) == 1:  # (n, c·T, in) x (n, in, r) x (n, r, out)
+        low = torch.bmm(x[start:end].reshape(len(counts), -1, x.shape[-1]).to(updates.a.dtype), updates.a)  # (n, c·T, r)
+        out[start:end] += torch.bmm(low, updates.b).view(end - start, -1, out.shape[-1]).to(out.dtype)
+        return output
+    for i, count in enumerate(counts):
+        if count and updates.held[i]:  # (an expert without a LoRA layer here adds nothing)
+            block = slice(start, start + count)
+            out[block] += ((x[block].to(updates.a.dtype) @ updates.a[i]) @ updates.b[i]).to(out.dtype)  # (c, T, out)
+        start += count
     return output
 
 
 @contextmanager
-def grouped_lora(layers: list[tuple[LoraLayer, StackedUpdates | None]], groups: int):
+def grouped_lora(layers: list[tuple[LoraLayer, StackedUpdates | None]], layout: Callable[[], RowLayout]):
     """Route LoRA updates by row block inside the block; peft's own state is restored after.
 
     Args:
         layers: from `collect_lora_layers`.
-        groups: number of row blocks G (1 + number of LoRA experts); inputs have G·B rows.
+        layout: returns the rows of the forward being run (`logitcomp.layout.RowLayout`: which rows run which
+            expert), read by every layer at every forward.
     """
     saved, handles = [], []
     try:
@@ -163,7 +179,7 @@ def grouped_lora(layers: list[tuple[LoraLayer, StackedUpdates | None]], groups: 
             saved.append((layer, layer._disable_adapters))
             layer._disable_adapters = True  # peft's own LoRA path off: the base layer only
             if updates is not None:
-                hook = partial(_add_updates, updates=updates, groups=groups)
+                hook = partial(_add_updates, updates=updates, layout=layout)
                 handles.append(layer.base_layer.register_forward_hook(hook))
         yield
     finally:

@@ -20,7 +20,9 @@ from transformers import CompileConfig, GenerationMixin, PreTrainedModel
 from . import persistence
 from .config import CompositionConfig
 from .grouped_lora import LoraStack, grouped_lora
+from .gated import gated_forward
 from .head import fast_head
+from .layout import RowLayout
 from .loading import LoadOptions, refuse_unknown
 from .ops import Composer, LogitsWatch, check_logits, entropy, kl_divergence
 from .outputs import ComposedCache, ComposedCausalLMOutput, CompositionTrace
@@ -97,6 +99,11 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         # a forward that scores every position of a sequence (lm-eval's loglikelihood, `labels`) runs in position
         # chunks whose k + 1 logits tensors hold at most this many elements (None: one forward, as many as it takes)
         self.scoring_budget: int | None = SCORING_BUDGET
+        # an expert whose weight (or held gate) is 0 for an input is not computed for it (`logitcomp.layout`); False: every
+        # expert runs for every input, as before (the benchmarks' "before")
+        self.skip_unused_experts = True
+        self._layouts = {}  # (batch, kept experts, device) -> RowLayout (`_fixed_layout`)
+        self._rows: RowLayout | None = None  # the rows of the forward being run, read by the grouped-LoRA hooks
         self._watch: LogitsWatch | None = None  # set during `generate`: the logits checks of its steps, read once at the end
         self._eos = ((), torch.zeros(0, dtype=torch.long))  # (ids, the same ids as a tensor on the last device used)
         self.eval()
@@ -122,6 +129,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             self.register_buffer(f"mask_{i}", mask.to(self._hf_model.device), persistent=False)
             self._mask_buffers[name] = f"mask_{i}"
         self._composition = config
+        self._subsets = {}  # kept experts -> their composer (`_subset`)
 
     def get_input_embeddings(self) -> torch.nn.Module:
         """The base model's token embeddings (shared by every LoRA row)."""
@@ -193,18 +201,24 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         if cache is not None and not isinstance(cache, ComposedCache):
             raise ValueError(f"cache: expected a ComposedCache from a previous call, got {type(cache).__name__}")
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        cache = cache if use_cache else None
         batch, length = input_ids.shape
         if length == 0:
             raise ValueError(f"input_ids: expected at least one token per row, got shape {tuple(input_ids.shape)}")
         chunk = scoring_chunk(self, batch, length) if cache is None and not logits_to_keep else length
-        if chunk < length:  # a whole sequence scored in position chunks, continued through a cache
-            out = forward_in_chunks(self, input_ids, attention_mask, position_ids, chunk, output_trace, use_cache)
+        layout = self._layout(batch, cache, use_cache, self.composition.trace if output_trace is None else output_trace)
+        if layout is None:  # the gates of this forward choose its rows: the base's rows first, then the experts' they keep
+            if position_ids is None:
+                position_ids = _positions(attention_mask, 0, length, input_ids.device).expand(batch, -1)
+            out = gated_forward(self, input_ids, attention_mask, position_ids, chunk, logits_to_keep, cache, use_cache)
+        elif chunk < length:  # a whole sequence scored in position chunks, continued through a cache
+            out = forward_in_chunks(self, input_ids, attention_mask, position_ids, chunk, output_trace, use_cache, layout)
         else:
             # routing without update: a forward that continues a cache holds the gates of the cache's first forward
             hold = self.router is not None and not self.router.update and cache is not None and cache.route is not None
             if use_cache and cache is None:
                 cache = ComposedCache(dict(self.full_experts))
-            out = self._step(input_ids, attention_mask, cache if use_cache else None, position_ids, logits_to_keep, output_trace, hold)
+            out = self._step(input_ids, attention_mask, cache, position_ids, logits_to_keep, output_trace, hold, layout)
         if labels is not None:  # as transformers' causal LMs: position t scores labels[t + 1], -100 ignored
             if logits_to_keep:
                 raise ValueError("labels: a loss needs every position's logits; pass logits_to_keep=0")
@@ -212,37 +226,38 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             out["loss"] = torch.nn.functional.nll_loss(logp.flatten(0, 1), labels[:, 1:].flatten().to(logp.device), ignore_index=-100)
         return out
 
-    def _step(self, input_ids, attention_mask, cache, position_ids, logits_to_keep, output_trace, hold=False) -> ComposedCausalLMOutput:
-        """One forward of every row (the grouped LoRA rows and each full expert), then the composition.
-        `cache`: continued and returned when given, else nothing is cached. `hold`: route every new position by
-        the cache's routing state (the prompt's mean or maxima, left as it is) instead of the running one."""
+    def _step(self, input_ids, attention_mask, cache, position_ids, logits_to_keep, output_trace, hold, layout: RowLayout) -> ComposedCausalLMOutput:
+        """One forward of the rows of `layout` (the base's and the LoRA experts' rows, and each full expert), then the
+        composition. `cache`: continued and returned when given, else nothing is cached. `hold`: route every new
+        position by the cache's routing state (the prompt's mean or maxima, left as it is) instead of the running one."""
         batch, length = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = _positions(attention_mask, past, length, input_ids.device).expand(batch, -1)
-        groups = 1 + len(self.lora_experts)
-        rep = lambda t: None if t is None else t.repeat(groups, 1)  # noqa: E731  (B, ·) -> (G·B, ·)
+        rows = lambda t: None if t is None else t[layout.inputs]  # noqa: E731  (B, ·) -> (N, ·)
+        self._rows = layout
         with self._routed():
             out = self._hf_model(
-                input_ids=rep(input_ids),
-                attention_mask=rep(attention_mask),
-                position_ids=rep(position_ids),
+                input_ids=rows(input_ids),
+                attention_mask=rows(attention_mask),
+                position_ids=rows(position_ids),
                 cache=cache.rows if cache is not None else None,
                 use_cache=cache is not None,
                 logits_to_keep=logits_to_keep,
                 output_hidden_states=self.router is not None and not hold,
             )
-        grouped = out.logits.view(groups, batch, *out.logits.shape[1:])  # (G, B, T', V)
+        if cache is not None:
+            cache.layout = layout
         gates = None
         if self.router is not None:  # the base rows' hidden states: the first block
             mask = None if attention_mask is None else attention_mask[:, -length:]
             gates, state = self.router.step_gates(None if hold else last_hidden(out)[:batch], mask,
-                                                  cache.route if cache is not None else None, grouped.shape[2])  # (B, T', k)
+                                                  cache.route if cache is not None else None, out.logits.shape[1])  # (B, T', k)
             if cache is not None:
                 cache.route = state
-        by_name = dict(zip(self.lora_experts, grouped[1:]))
+        full = {}
         for name, expert in self.full_experts.items():
-            by_name[name] = expert(
+            full[name] = expert(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
@@ -250,23 +265,85 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
                 use_cache=cache is not None,
                 logits_to_keep=logits_to_keep,
             ).logits  # (B, T', V)
-        experts = [by_name[e] for e in self.experts]
-        first = past + length - grouped.shape[2]  # the position of the logits' column 0
-        if self._watch is not None:
-            self._watch.add([grouped[0], *experts], first, attention_mask)
-        else:
-            check_logits(self._model_names(), [grouped[0], *experts], first, attention_mask)
-        return self._compose(grouped[0], experts, cache, output_trace, gates)
+        first = past + length - out.logits.shape[1]  # the position of the logits' column 0
+        self._check([(out.logits, layout.slots), *self._full_rows(full, batch)], first, attention_mask)
+        out = self._compose(layout, out.logits[:batch], out.logits[batch:], full, output_trace, gates)
+        out["cache"] = cache
+        return out
 
-    def _compose(self, base, experts, cache, output_trace, gates=None) -> ComposedCausalLMOutput:
-        masks = [getattr(self, self._mask_buffers[e]) if e in self._mask_buffers else None for e in self.experts]
-        composed = self._composer(base, experts, masks, self._eos_tensor(base.device), gates)  # (B, T, V)
+    def _check(self, parts, first: int, attention_mask) -> None:
+        """The logits checks of one forward (`ops.check_logits`; during `generate`, folded into its watch)."""
+        if self._watch is not None:
+            self._watch.add(parts, first, attention_mask)
+        else:
+            check_logits(self._model_names(), parts, first, attention_mask)
+
+    def _full_rows(self, full: dict, batch: int) -> list:
+        """Each full expert's logits (B, T', V) with its rows' slots (model · B + input; `layout.RowLayout.slots`)."""
+        models = 1 + len(self.lora_experts)
+        return [(x, torch.arange(batch, device=x.device) + (models + i) * batch) for i, x in enumerate(full.values())]
+
+    def _compose(self, layout: RowLayout, base, rows, full: dict, output_trace, gates=None) -> ComposedCausalLMOutput:
+        """The composed log-probs (B, T', V) of each group of inputs that run the same experts (`layout.groups`).
+
+        Args:
+            base: the base's logits (B, T', V); rows: the LoRA experts' rows' (n, T', V), in the layout's order;
+            full: each full expert's (B, T', V); gates: (B, T', k) or None.
+        """
+        eos = self._eos_tensor(base.device)
+        composed = None if len(layout.groups) == 1 else base.new_empty(base.shape, dtype=torch.float32)  # (B, T', V)
+        for group in layout.groups:
+            by_name = {self.lora_experts[j]: rows[r] for j, r in zip(group.experts, group.rows)}
+            by_name.update({name: x[group.inputs] for name, x in full.items()})
+            chosen = tuple(i for i, e in enumerate(self.experts) if e in by_name)
+            experts = [by_name[self.experts[i]] for i in chosen]
+            masks = [getattr(self, self._mask_buffers[self.experts[i]]) if self.experts[i] in self._mask_buffers else None for i in chosen]
+            kept = None if gates is None else gates[group.inputs]  # (B_S, T', k)
+            if kept is not None and len(chosen) < len(self.experts):
+                kept = kept[..., list(chosen)]
+            part = self._subset(chosen)(base[group.inputs], experts, masks, eos, kept)  # (B_S, T', V)
+            if composed is None:
+                composed = part
+            else:
+                composed[group.inputs] = part
         trace = None
-        if self.composition.trace if output_trace is None else output_trace:
+        if self.composition.trace if output_trace is None else output_trace:  # (every expert computed: `_layout`)
             lb = torch.log_softmax(base.float(), -1)
             kl = torch.stack([kl_divergence(torch.log_softmax(e.float(), -1), lb) for e in experts], -1)  # (B, T, k)
             trace = CompositionTrace(list(self.experts), kl, entropy(composed), gates)
-        return ComposedCausalLMOutput(logits=composed, cache=cache, trace=trace)
+        return ComposedCausalLMOutput(logits=composed, trace=trace)
+
+    def _subset(self, chosen: tuple[int, ...]) -> Composer:
+        """The composer of these experts (indices into `experts`); the model's own for all of them."""
+        if len(chosen) == len(self.experts):
+            return self._composer
+        if chosen not in self._subsets:
+            self._subsets[chosen] = self._composer.subset(chosen)
+        return self._subsets[chosen]
+
+    def _layout(self, batch: int, cache: ComposedCache | None, keeps_cache: bool, trace: bool) -> RowLayout | None:
+        """The rows a forward of `batch` inputs runs (`logitcomp.layout`); None where its routing's gates choose them
+        (`logitcomp.gated`). Every expert runs for every input where an expert of weight 0 would change the composition
+        (`Composer.sparse`), with a trace (it reads every expert), full-model experts, `skip_unused_experts` False,
+        and, under routing, gates that follow every token over a cache, a static cache, or autograd recording."""
+        if cache is not None and cache.layout is not None:
+            return cache.layout  # the rows its first forward chose: fixed weights, or the gates it holds
+        every = [True] * len(self.lora_experts)
+        if trace or self.full_experts or not self.skip_unused_experts or not self._composer.sparse:
+            return self._fixed_layout(batch, every)
+        if self.router is None:
+            return self._fixed_layout(batch, [w != 0 for w in self._composer.weights])
+        if (self.router.update and keeps_cache) or (cache is not None and cache.is_compileable) or torch.is_grad_enabled():
+            return self._fixed_layout(batch, every)
+        return None
+
+    def _fixed_layout(self, batch: int, keep: list[bool]) -> RowLayout:
+        """Every input running the experts of `keep` (made once per batch size, device and set)."""
+        device = self._hf_model.device
+        key = (batch, tuple(keep), str(device))
+        if key not in self._layouts:
+            self._layouts[key] = RowLayout.of(batch, keep, device)
+        return self._layouts[key]
 
     def _eos_ids(self) -> list[int]:
         eos = self.generation_config.eos_token_id
@@ -316,8 +393,9 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
             self._watch = None
 
     def _model_names(self) -> list[str]:
-        """The composed models as errors name them: the base, then each expert."""
-        return ["the base", *(f"expert {e!r}" for e in self.experts)]
+        """The composed models as errors name them, in the order of the logits checks' slots: the base, the LoRA
+        experts, the full-model experts."""
+        return ["the base", *(f"expert {e!r}" for e in [*self.lora_experts, *self.full_experts])]
 
     @contextmanager
     def _routed(self):
@@ -327,8 +405,7 @@ class ComposedModelForCausalLM(PreTrainedModel, GenerationMixin):
         if self._routing:
             yield
             return
-        groups = 1 + len(self.lora_experts)
-        with self._lora.frozen() if self._lora else nullcontext(), grouped_lora(self._lora.layers() if self._lora else [], groups), \
+        with self._lora.frozen() if self._lora else nullcontext(), grouped_lora(self._lora.layers() if self._lora else [], lambda: self._rows), \
                 fast_head(self._hf_model):
             self._routing = True
             try:

@@ -11,7 +11,7 @@ state or mutates its inputs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,6 +29,9 @@ class Composer:
     rule: Callable[..., torch.Tensor]  # RULES[name].function with its parameters bound
     plain_product: bool  # the product rule without masks: composed in two buffers (`_product`)
     eos_pick: Callable[[torch.Tensor], torch.Tensor] | None  # (k+1, ..., E) -> (..., E); None: EOS as composed
+    # an expert of weight or gate 0 changes nothing (its rule is `Rule.sparse` and its EOS policy reads only the experts
+    # in use): composing only the others gives the same log-probs, so a model need not compute it (`logitcomp.layout`)
+    sparse: bool = False
 
     @classmethod
     def build(cls, weights: Sequence[float], *, floor: float = DEFAULT_FLOOR, rule: str = "product",
@@ -50,7 +53,12 @@ class Composer:
         if spec.nonnegative and (any(w < 0 for w in weights) or not any(w > 0 for w in weights)):
             raise ValueError(f"weights: the {spec.name} rule takes weights >= 0, at least one > 0; got {list(weights)}")
         return cls(weights, check_floor(floor), spec.bind(spec.check(dict(rule_params or {}))), spec is RULES["product"] and not masked,
-                   EOS_PICKS[check_eos_policy(eos_policy)])
+                   EOS_PICKS[check_eos_policy(eos_policy)], spec.sparse and eos_policy in SPARSE_EOS)
+
+    def subset(self, experts: Sequence[int]) -> Composer:
+        """The composition of only these experts (indices, in order): where `sparse`, the same log-probs as every
+        expert's wherever the others' weights (or gates) are 0."""
+        return replace(self, weights=tuple(self.weights[i] for i in experts))
 
     def __call__(self, base: torch.Tensor, experts: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None] | None = None,
                  eos_ids: torch.Tensor | None = None, gates: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,6 +179,8 @@ def apply_eos_policy(
 def _all_experts(models: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """EOS log-probs (..., E): the least likely of the experts in use (weight ≠ 0) at each position, the base's where
     none is (a routed position whose gates are all 0 is the base). models: (k+1, ..., E) base first; weights: (k, ..., 1)."""
+    if len(models) == 1:  # a composition of no expert: the base
+        return models[0]
     off = (weights == 0).expand(models[1:].shape)  # (k, ..., E): experts gated out here
     least = models[1:].masked_fill(off, float("inf")).min(0).values  # (..., E)
     return torch.where(off.all(0), models[0], least)
@@ -183,6 +193,8 @@ def _top(models: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return models[1:].gather(0, top)[0]
 
 
+# the EOS policies that read no expert of weight 0 (`Composer.sparse`)
+SPARSE_EOS = ("compose", "base", "all_experts")
 # policy -> how EOS is scored from the stacked models' EOS log-probs (k+1, ..., E) and the experts' weights (k, ..., 1);
 # None: as composed
 EOS_PICKS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = {
@@ -196,7 +208,8 @@ def _rescore_eos(composed, base, experts, ids: torch.Tensor, pick, floor: float,
     each expert's weight (a float, or a tensor (..., 1) per position)."""
     models = torch.stack([clamped_logprobs(m, floor)[..., ids] for m in (base, *experts)])  # (k+1, ..., E)
     shape = (*models.shape[1:-1], 1)
-    stacked = torch.stack([torch.as_tensor(w, dtype=torch.float32, device=models.device).expand(shape) for w in weights])  # (k, ..., 1)
+    stacked = torch.stack([torch.as_tensor(w, dtype=torch.float32, device=models.device).expand(shape) for w in weights]) \
+        if len(weights) else models.new_zeros((0, *shape))  # (k, ..., 1)
     eos = pick(models, stacked)  # (..., E)
     eos_mass = torch.logsumexp(eos, dim=-1, keepdim=True).clamp(max=-1e-7)  # (..., 1)
     rest = torch.log1p(-eos_mass.exp())  # log of the mass left to non-EOS tokens
@@ -219,28 +232,44 @@ def entropy(log_p: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
-def _non_finite_positions(logits: list[torch.Tensor], mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top logit of every model, row and position, (M, B, T') fp32 (NaN and +inf propagate; only −inf gives
-    −inf), and where it is not finite at a real (mask 1) position, (M, B, T') bool. On the logits' device."""
-    tops = torch.stack([x.amax(-1) for x in logits]).float()  # (M, B, T')
+# the logits of one forward, as parts: (logits (n, T', V), slots (n,)), each row's slot = model · B + input (model 0 the
+# base, then the LoRA experts, then the full-model experts: `layout.RowLayout.slots`)
+Parts = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _non_finite_positions(logits: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top logit of every row and position, (n, T') fp32 (NaN and +inf propagate; only −inf gives −inf), and
+    where it is not finite at a real (mask 1) position, (n, T') bool. On the logits' device."""
+    tops = logits.amax(-1).float()  # (n, T')
     bad = ~torch.isfinite(tops)
-    return tops, bad if mask is None else bad & mask[:, -tops.shape[2]:].bool()
+    return tops, bad if mask is None else bad & mask[slots % batch, -tops.shape[1]:].bool()
 
 
-def check_logits(names: list[str], logits: list[torch.Tensor], first: int, mask: torch.Tensor | None) -> None:
-    """Raise ValueError naming the first model whose logits (B, T', V) hold NaN or +inf, or only −inf, at a real
-    (unpadded) position: a broken model or dtype, never clamped into a distribution. Names the row, the position
+def check_logits(names: list[str], parts: Parts, first: int, mask: torch.Tensor | None, batch: int | None = None) -> None:
+    """Raise ValueError naming the first model whose logits hold NaN or +inf, or only −inf, at a real (unpadded)
+    position: a broken model or dtype, never clamped into a distribution. Names the input row, the position
     (`first`: the position of column 0) and the token. A −inf logit beside finite ones is a token the model rules
     out (clamped at the floor, as the paper's rule does). Padding (mask 0) is not checked: models may return NaN
-    there (Gemma 2 in float64). One (B, T') reduction per model and one host sync."""
-    _, bad = _non_finite_positions(logits, mask)
-    if not bad.any():
+    there (Gemma 2 in float64). One (n, T') reduction per part and one host sync.
+
+    Args:
+        parts: (logits (n, T', V), slots (n,)) per part (`Parts`); batch: B (default: the mask's rows, else the
+            first part's rows).
+    """
+    batch = batch or (mask.shape[0] if mask is not None else parts[0][0].shape[0])
+    bad = [_non_finite_positions(x, slots, mask, batch)[1] for x, slots in parts]  # (n, T') each
+    if not any(b.any() for b in bad):
         return
-    model, row, column = bad.nonzero()[0].tolist()
-    x = logits[model][row, column]  # (V,)
+    worst = None
+    for (x, slots), b in zip(parts, bad):
+        for row, column in b.nonzero().tolist():
+            slot = int(slots[row])
+            if worst is None or slot < worst[0]:
+                worst = (slot, x[row, column], column)
+    slot, x, column = worst
     tokens = (torch.isnan(x) | torch.isposinf(x)).nonzero().flatten().tolist()
     what = f"NaN or +inf at token {tokens[0]}" if tokens else "no finite value"
-    raise _non_finite(names[model], what, row, first + column)
+    raise _non_finite(names[slot // batch], what, slot % batch, first + column)
 
 
 def _non_finite(name: str, what: str, row: int, position: int) -> ValueError:
@@ -250,31 +279,37 @@ def _non_finite(name: str, what: str, row: int, position: int) -> ValueError:
 
 class LogitsWatch:
     """`check_logits` for the forwards of one `generate` call, without a host sync per step: each step folds its
-    verdict into tensors on the logits' device (the first bad position and top logit of every model and row), and
+    verdict into tensors on the logits' device (the first bad position and top logit of every model and input), and
     `raise_if_bad` reads them once, at the end. On a GPU a per-step check would wait for the device at every token
     (and break a compiled step's graph); here a broken model is named when the call ends, by row and position (the
     token is not kept: finding it would cost a second pass over the vocabulary at every step)."""
 
     def __init__(self, names: list[str]):
         self.names = names
-        self.seen = self.where = self.top = None  # (M, B) bool, long, float: M = 1 + k models
+        self.batch = 0
+        self.seen = self.where = self.top = None  # (M · B,) bool, long, float: M = 1 + k models, by slot
 
-    def add(self, logits: list[torch.Tensor], first: int, mask: torch.Tensor | None) -> None:
-        """Fold one forward's logits (M tensors (B, T', V)) whose column 0 is at position `first`."""
-        tops, bad = _non_finite_positions(logits, mask)  # (M, B, T') each
-        column = bad.int().argmax(-1, keepdim=True)  # (M, B, 1): the first bad column (0 where none)
-        if self.seen is None:
-            self.seen, self.where, self.top = torch.zeros_like(bad[..., 0]), torch.zeros_like(column[..., 0]), tops[..., 0]
-        fresh = bad.any(-1) & ~self.seen  # (M, B): rows that turn bad at this forward
-        self.where = torch.where(fresh, first + column[..., 0], self.where)
-        self.top = torch.where(fresh, tops.gather(-1, column)[..., 0], self.top)
-        self.seen = self.seen | fresh
+    def add(self, parts: Parts, first: int, mask: torch.Tensor | None) -> None:
+        """Fold one forward's logits (`Parts`) whose column 0 is at position `first`."""
+        for logits, slots in parts:
+            if self.seen is None:
+                self.batch = mask.shape[0] if mask is not None else logits.shape[0]
+                size = len(self.names) * self.batch
+                self.seen = torch.zeros(size, dtype=torch.bool, device=logits.device)
+                self.where = torch.zeros(size, dtype=torch.long, device=logits.device)
+                self.top = torch.zeros(size, device=logits.device)
+            tops, bad = _non_finite_positions(logits, slots, mask, self.batch)  # (n, T') each
+            column = bad.int().argmax(-1, keepdim=True)  # (n, 1): the first bad column (0 where none)
+            fresh = bad.any(-1) & ~self.seen[slots]  # (n,): rows that turn bad at this forward
+            self.where[slots] = torch.where(fresh, first + column[:, 0], self.where[slots])
+            self.top[slots] = torch.where(fresh, tops.gather(-1, column)[:, 0], self.top[slots])
+            self.seen[slots] = self.seen[slots] | fresh
 
     def raise_if_bad(self) -> None:
         """One host read of the folded verdicts; raise ValueError naming the first model (and its first row) that
         held NaN or +inf, or only −inf, at a real position."""
         if self.seen is None or not self.seen.any():
             return
-        model, row = self.seen.nonzero()[0].tolist()
-        what = "no finite value" if self.top[model, row] == float("-inf") else "NaN or +inf"
-        raise _non_finite(self.names[model], what, row, int(self.where[model, row]))
+        slot = int(self.seen.nonzero()[0])
+        what = "no finite value" if self.top[slot] == float("-inf") else "NaN or +inf"
+        raise _non_finite(self.names[slot // self.batch], what, slot % self.batch, int(self.where[slot]))

@@ -11,7 +11,7 @@ from transformers.utils import ModelOutput
 
 
 class ComposedCache:
-    """KV caches of one composition: the grouped rows' cache and one per full-model expert.
+    """KV caches of one composition: the grouped rows' cache (the rows of `layout`) and one per full-model expert.
 
     Dynamic by default; with `max_cache_len` every cache is a transformers `StaticCache` of that many
     positions (fixed shapes: what `torch.compile` and CUDA graphs need), made by
@@ -27,6 +27,7 @@ class ComposedCache:
             self.rows = DynamicCache()
             self.full = {name: DynamicCache() for name in full_experts}
         self.route = None  # routing: each row's tokens so far (`logitcomp.routing.RouteState`)
+        self.layout = None  # the rows its first forward ran (`logitcomp.layout.RowLayout`), kept by every later one
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.rows.get_seq_length(layer_idx)

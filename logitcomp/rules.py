@@ -47,6 +47,9 @@ class Rule:
     function: Callable[..., torch.Tensor]
     params: dict[str, Param] = field(default_factory=dict)
     nonnegative: bool = False  # the rule takes weights >= 0 only (at least one > 0)
+    # an expert of weight 0 (or gate 0) adds exactly 0 to the scores, whatever its log-probs: such an expert need not
+    # be computed (`logitcomp.layout`); false where the other experts' terms depend on it (a max, a normalisation)
+    sparse: bool = False
 
     def check(self, params) -> dict[str, float]:
         """Every parameter (defaults filled in) as floats. Raises ValueError naming a bad or unknown one."""
@@ -71,11 +74,11 @@ class Rule:
 RULES: dict[str, Rule] = {}
 
 
-def register(name: str, formula: str, nonnegative: bool = False, **params: tuple[float, float, float]):
+def register(name: str, formula: str, nonnegative: bool = False, sparse: bool = False, **params: tuple[float, float, float]):
     """Decorator: register `function` as rule `name`; each parameter is (default, low, high)."""
 
     def add(function):
-        RULES[name] = Rule(name, formula, function, {k: Param(*v) for k, v in params.items()}, nonnegative)
+        RULES[name] = Rule(name, formula, function, {k: Param(*v) for k, v in params.items()}, nonnegative, sparse)
         return function
 
     return add
@@ -97,7 +100,7 @@ def log_ratios(lb: torch.Tensor, experts: Sequence[torch.Tensor], masks: Masks) 
     return out
 
 
-@register("product", "log p̂ ∝ log p_b + Σ w_i r_i   (the paper's rule, the default)")
+@register("product", "log p̂ ∝ log p_b + Σ w_i r_i   (the paper's rule, the default)", sparse=True)
 def product(lb, experts, weights, masks):
     total = lb.clone()
     for ratio, w in zip(log_ratios(lb, experts, masks), weights):
@@ -106,7 +109,7 @@ def product(lb, experts, weights, masks):
 
 
 @register("tempered", "log p̂ ∝ log p_b + s · Σ w_i r_i   (s = 1/Σ w_i: the experts' normalised geometric mean, no base)",
-          scale=(1.0, 0.0, 10.0))
+          sparse=True, scale=(1.0, 0.0, 10.0))
 def tempered(lb, experts, weights, masks, *, scale: float):
     return lb + scale * (product(lb, experts, weights, masks) - lb)
 
@@ -125,7 +128,7 @@ def activity(lb, experts, weights, masks, *, gamma: float):
 
 
 @register("confident", "log p̂ ∝ log p_b + Σ w_i c_i r_i,  c_i = (max_y p_i(y))^γ per position: an expert lost on a prefix "
-          "unlike its training data (flat distribution) fades out (γ = 0: product)", gamma=(1.0, 0.0, 100.0))
+          "unlike its training data (flat distribution) fades out (γ = 0: product)", sparse=True, gamma=(1.0, 0.0, 100.0))
 def confident(lb, experts, weights, masks, *, gamma: float):
     total = lb.clone()
     for ratio, w, e in zip(log_ratios(lb, experts, masks), weights, experts):

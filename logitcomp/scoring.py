@@ -21,9 +21,9 @@ def scoring_chunk(model, batch: int, length: int) -> int:
 
 
 def forward_in_chunks(model, input_ids, attention_mask, position_ids, chunk: int, output_trace,
-                      keep_cache: bool) -> ComposedCausalLMOutput:
-    """Every position's composed log-probs, `chunk` positions per forward (`model._step`), each continuing the
-    previous ones' KV cache: the body computes what one forward would, and the composed log-probs go into one
+                      keep_cache: bool, layout) -> ComposedCausalLMOutput:
+    """Every position's composed log-probs, `chunk` positions per forward (`model._step` of the rows of `layout`), each
+    continuing the previous ones' KV cache: the body computes what one forward would, and the composed log-probs go into one
     (B, T, V) buffer. The cache is returned when `keep_cache`."""
     batch, length = input_ids.shape
     cache = ComposedCache(dict(model.full_experts))
@@ -32,7 +32,7 @@ def forward_in_chunks(model, input_ids, attention_mask, position_ids, chunk: int
         for start in range(0, length, chunk):
             end = min(length, start + chunk)
             step = model._step(input_ids[:, start:end], None if attention_mask is None else attention_mask[:, :end], cache,
-                               None if position_ids is None else position_ids[:, start:end], 0, output_trace)
+                               None if position_ids is None else position_ids[:, start:end], 0, output_trace, False, layout)
             if torch.is_grad_enabled() and step.logits.requires_grad:
                 parts.append(step.logits)  # autograd records no in-place write: concatenated below
             else:

@@ -10,7 +10,9 @@ On a CUDA device (under 8 minutes on one GPU):
     batch in the hand-written loop beside the composed loop;
   - peak memory (`logitcomp bench memory --shape gemma2-2b --dtype bfloat16`): a loglikelihood batch and a
     decode, single vs composed k = 2, 3;
-  - the combine step's share of a composed step at that vocabulary.
+  - the combine step's share of a composed step at that vocabulary;
+  - a routed model of 4 experts with one kept per prompt (`bench decode --routed`, batch 1 and 8 of mixed prompts)
+    against the 1-expert composition and the single model, and its decode's KV caches (`bench memory --routed`).
 Without a GPU the same logic runs on tiny shapes on the CPU in seconds and the table says that no
 GPU was measured (tests/merging/test_structure.py runs it so in `make test`).
 
@@ -105,18 +107,30 @@ def main(argv=None) -> None:
             rows.append((f"static cache + compiled step b1: composed k={k} / single", f"{static:.2f}", ""))
         rows.append((f"decode peak: composed k={k} / single",
                      f"{decode[k]['composed']['peak_bytes'] / max(decode[k]['single']['peak_bytes'], 1):.2f}", "<= 1.1 (GPU)"))
+    for b in (1, 8) if gpu else (8,):  # routed, 4 experts installed, one kept per prompt (mixed prompts; k = 1, 2: bench decode)
+        argv_b = [*decode_flags, "--device", device, "--dtype", dtype, "--batch", str(b), "--generate", "--setups", "single",
+                  "--routed", "4"]
+        routed = bench_decode.measure(bench_decode.prepare_args(parse_args("bench_decode", argv_b)))
+        one = routed["composed-k1"]["steps_per_s"]
+        rows.append((f"generate b{b}: routed k=4, one kept / 1-expert composition", f"{routed['routed-k4']['steps_per_s'] / one:.2f}", ">= 0.9"))
+        rows.append((f"generate b{b}: routed k=4, one kept / single",
+                     f"{routed['routed-k4']['steps_per_s'] / routed['single']['steps_per_s']:.2f}", ">= 0.6"))
+        rows.append((f"generate b{b}: routed k=4, every expert computed / 1-expert composition",
+                     f"{routed['routed-k4-dense']['steps_per_s'] / one:.2f}", "(before)"))
     rows.append(("hand loop b1: composed k=2 / peft mixed batch", f"{mixed['composed']['steps_per_s'] / mixed['peft']['steps_per_s']:.2f}", ">= 1.5 (GPU)"))
     share = mixed["composed"]["compose_s"] * mixed["composed"]["steps_per_s"]
     rows.append((f"combine step share of a composed step (vocab {decode_flags[decode_flags.index('--vocab') + 1]})", f"{share:.1%}", "<= 5%"))
 
     ks = (2, 3) if gpu else (2,)  # (the CPU path checks the logic: one composition is enough)
     memory_argv = [*memory_flags, "--device", device, "--dtype", dtype, "--batch", str(batch), "--length", str(length),
-                   "--experts", ",".join(map(str, ks)), "--workdir", str(Path(tempfile.mkdtemp(prefix="gpu-check-memory-")))]
+                   "--experts", ",".join(map(str, ks)), "--routed", "4", "--workdir", str(Path(tempfile.mkdtemp(prefix="gpu-check-memory-")))]
     memory = bench_memory.measure(parse_args("bench_memory", memory_argv))
     for k, target in [(k, t) for k, t in ((2, "<= 1.3"), (3, "<= 1.5")) if k in ks]:
         ratio = memory[f"composed-k{k}"]["loglikelihood_bytes"] / max(memory["single"]["loglikelihood_bytes"], 1)
         rows.append((f"loglikelihood peak ({batch} x {length}): composed k={k} / single", f"{ratio:.2f}", target))
 
+    ratio = memory["routed-k4"]["kv_bytes"] / max(memory["composed-k1"]["kv_bytes"], 1)
+    rows.append(("decode KV caches: routed k=4, one kept / 1-expert composition", f"{ratio:.2f}", "<= 1.1"))
     print(f"device: {name}; torch {torch.__version__}")
     width = max(len(r[0]) for r in rows)
     print(f"| {'check':<{width}} | value | target |")

@@ -47,6 +47,8 @@ def _bench_decode(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rule", action="append", default=[], help="also time the composed model under this rule (repeatable)")
     p.add_argument("--route", action="append", default=[], choices=(*ROUTING_SCORES, "max", "held"),
                    help="also time the composed model routed with this score (repeatable)")
+    p.add_argument("--routed", metavar="K,K", help="with --generate: also time routed compositions of K installed experts with one "
+                   "kept per prompt (prompt b keeps expert b mod K) beside the 1-expert composition, e.g. 1,2,4")
     p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
     p.add_argument("--compile", action="store_true", help="with --generate: also time each setup with a static cache and the compiled step")
     p.add_argument("--base", help="a real base model folder instead of the random Llama (its vocabulary replaces --vocab)")
@@ -58,6 +60,7 @@ def _bench_memory(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", choices=sorted(MEMORY_SHAPES), default="gemma3-270m", help="the random model's shape")
     p.add_argument("--base", help="a real model folder instead of a random model of --shape")
     p.add_argument("--experts", default="2,3", help="comma-separated numbers of experts")
+    p.add_argument("--routed", metavar="K,K", help="also routed compositions of K installed experts, the decode keeping one, e.g. 1,2,4")
     p.add_argument("--batch", type=int, default=16, help="rows of the log-likelihood batch")
     p.add_argument("--length", type=int, default=128, help="tokens per scored row")
     p.add_argument("--dtype", default="float32", help="weights' dtype")

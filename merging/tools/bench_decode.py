@@ -31,6 +31,12 @@ the floors rows (token-level detectors, binary gates held from the prompt, `upda
 the detectors and cost nothing) with the floors_sets rows' set weight (one set, matched at every position, so its
 factor is computed at every step). Reported beside the unrouted `composed`.
 
+`--routed 1,2,4` (with `--generate`) adds routed compositions of K installed experts in which each prompt keeps one
+expert (prompt b keeps expert b mod K, by detectors solved on the prompts' mean hidden states: a batch of mixed
+prompts; each child prints the kept sets), held from the prompt as the shipped routed rows hold them: `routed-kK`,
+`routed-kK-dense` for the largest K (every expert computed for every input, the composition before gated-out experts
+were skipped), beside `composed-k1` (the 1-expert composition) and `single`.
+
 `--generate` measures the path users decode through instead: transformers' `generate` (greedy,
 `min_new_tokens` = `max_new_tokens`, so every row decodes the same number of steps), as lm-eval
 calls it; decode steps/s = (N − 1) / (t(N new tokens) − t(1 new token)), the prefill left out as in
@@ -60,6 +66,8 @@ def prepare_args(args: argparse.Namespace) -> argparse.Namespace:
     """The arguments checked, `--vocab` taken from `--base` when one is given."""
     if args.compile and not args.generate:
         raise ValueError("--compile: the compiled step is transformers' generate path; add --generate")
+    if args.routed and not args.generate:
+        raise ValueError("--routed: the routed setups are timed through generate; add --generate")
     if args.base:
         from transformers import AutoConfig
 
@@ -84,7 +92,7 @@ def build_world(args, root: Path) -> None:
             max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
         )
         LlamaForCausalLM(config).save_pretrained(root / "base")
-    for i in range(args.k):
+    for i in range(max([args.k, *routed_ks(args)])):
         base = AutoModelForCausalLM.from_pretrained(base_of(args, root))
         model = get_peft_model(base, LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=args.targets.split(",")))
         with torch.no_grad():
@@ -114,6 +122,8 @@ def load_generator(setup: str, root: Path, args):
     dtype = getattr(torch, args.dtype)
     if setup == "single":
         return AutoModelForCausalLM.from_pretrained(base_of(args, root), dtype=dtype).to(args.device).eval()
+    if setup.startswith("routed-k") or setup == "composed-k1":
+        return routed_generator(setup, root, args)
     if setup.startswith("composed"):
         if setup.endswith("-plainhead"):  # the LM head as transformers computes it (F.linear): logitcomp/head.py's before
             import logitcomp.head
@@ -125,12 +135,65 @@ def load_generator(setup: str, root: Path, args):
     sys.exit(f"bench_decode: --generate times single and composed only, not {setup}")
 
 
+def routed_ks(args) -> list[int]:
+    """The numbers of installed experts of the routed setups (`--routed`)."""
+    return [int(k) for k in args.routed.split(",")] if args.routed else []
+
+
+def prompt_ids(args) -> torch.Tensor:
+    """The (B, prompt) random prompts every setup decodes from (the same in each process)."""
+    return torch.randint(0, args.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1)).to(args.device)
+
+
+def designed_routing(means: torch.Tensor, keep: torch.Tensor, names: list[str]) -> dict:
+    """A routing (discriminant detectors, pool mean, binary gates held from the prompt) under which the prompt whose
+    mean hidden state is means[b] (B, d) keeps exactly the experts keep[b] (B, k) names: each detector solved by least
+    squares to score +1 on the prompts that keep it and -1 on the others (exact for B <= d; centroids random)."""
+    means = means.double()
+    centroids = torch.randn(len(names), means.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (k, d)
+    design = torch.cat([means - centroids.mean(0), -torch.ones(len(means), 1, dtype=torch.float64)], 1)  # (B, d + 1)
+    solved = torch.linalg.lstsq(design, keep.double() * 2 - 1).solution  # (d + 1, k): each detector's [v; o]
+    return {"centroids": {n: centroids[i].tolist() for i, n in enumerate(names)},
+            "detectors": {n: {"direction": solved[:-1, i].tolist(), "offset": float(solved[-1, i])} for i, n in enumerate(names)},
+            "tau": 0.1, "threshold": 0.0, "gates": "binary", "update": False, "pool": "mean"}
+
+
+def routed_generator(setup: str, root: Path, args):
+    """`composed-k1` or `routed-kK[-dense]` (`routed_model`) on the prompts `generate` decodes from."""
+    return routed_model(setup, base_of(args, root), root, prompt_ids(args), getattr(torch, args.dtype), args.device)
+
+
+@torch.no_grad()
+def routed_model(setup: str, base: Path, root: Path, ids: torch.Tensor, dtype, device):
+    """`composed-k1` (one expert, fixed weight) or `routed-kK[-dense]`: the experts e0 .. e(K-1) under `root`, routed
+    so that prompt b of `ids` (B, T) keeps expert b mod K alone (a batch of mixed prompts); `-dense`: every expert
+    computed for every input (the composition before issue 55, `skip_unused_experts = False`). Prints each prompt's
+    kept set (to stderr)."""
+    from logitcomp import ComposedModelForCausalLM
+
+    k = int(setup.removeprefix("routed-k").removeprefix("composed-k").removesuffix("-dense"))
+    names = [f"e{i}" for i in range(k)]
+    model = ComposedModelForCausalLM.from_experts(base, {n: root / n for n in names}, dtype=dtype, device=device)
+    if setup.startswith("routed"):
+        with model.model.disable_adapter():  # the base alone
+            means = model.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states[-1].mean(1).cpu()  # (B, d)
+        keep = torch.zeros(len(ids), k, dtype=torch.bool)
+        keep[torch.arange(len(ids)), torch.arange(len(ids)) % k] = True  # (B, k)
+        model.composition = model.composition.with_routing(designed_routing(means, keep, names))
+        model.skip_unused_experts = not setup.endswith("-dense")
+        with_layout = model.skip_unused_experts
+        model.skip_unused_experts = True  # the kept sets, read from the layout of a first forward
+        got = model(ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1).cache.layout.keep
+        model.skip_unused_experts = with_layout
+        print(f"{setup}: kept sets {[[names[j] for j in range(k) if row[j]] for row in got.tolist()]}", file=sys.stderr)
+    return model
+
+
 @torch.no_grad()
 def decode_generate(model, args, compiled: bool) -> tuple[float, float]:
     """Decode steps per second through `generate` (N new tokens minus 1 new token: the prefill), and the
     seconds of the first, warm-up call (with `compiled`, the one that compiles)."""
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, args.vocab, (args.batch, args.prompt), generator=gen).to(args.device)
+    ids = prompt_ids(args)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     options = {}
@@ -241,8 +304,7 @@ def make_step(setup: str, root: Path, args):
 @torch.no_grad()
 def decode(step, args) -> float:
     """Greedy decode `args.new` tokens after a prefill; returns decode steps per second."""
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, args.vocab, (args.batch, args.prompt), generator=gen).to(args.device)
+    ids = prompt_ids(args)
     mask = torch.ones_like(ids)
     nxt, cache = step(ids, mask, None)  # prefill (not timed)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
@@ -307,6 +369,9 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         build_world(args, Path(tmp))
         setups = args.setups.split(",") + [f"composed@{rule}" for rule in args.rule] + [f"composed~{score}" for score in args.route]
+        if args.routed:
+            ks = routed_ks(args)
+            setups += ["composed-k1", *(f"routed-k{k}" for k in ks), f"routed-k{max(ks)}-dense"]
         setups += [f"{s}+compile" for s in setups] if args.compile else []
         return run_setups([sys.executable, "-m", __spec__.name], args, setups, tmp)
 
@@ -328,6 +393,7 @@ def report(args, results: dict) -> None:
         if eager:
             print(f"{name}: {results[name]['steps_per_s'] / eager['steps_per_s']:.2f}x the steps/s of {name.removesuffix('+compile')}; "
                   f"first call {results[name]['first_call_s']:.1f} s (compiles) vs {eager['first_call_s']:.2f} s")
+    report_routed(args, results)
     comp = results.get("composed")
     if comp:
         for other in ("peft", "naive"):
@@ -343,6 +409,18 @@ def report(args, results: dict) -> None:
             r = results[f"composed~{score}"]
             print(f"routed ({score}): {r['steps_per_s']:.1f} steps/s = {r['steps_per_s'] / comp['steps_per_s']:.2f}x the product rule's "
                   f"(every expert kept: the routing's cost alone)")
+
+
+def report_routed(args, results: dict) -> None:
+    """The routed setups (one expert kept per prompt) against the 1-expert composition and the single model."""
+    one, single = results.get("composed-k1"), results.get("single")
+    if not one:
+        return
+    for name in [n for n in results if n.startswith("routed-k")]:
+        r = results[name]
+        versus = f", {r['steps_per_s'] / single['steps_per_s']:.2f}x single" if single else ""
+        print(f"{name} (one expert kept per prompt): {r['steps_per_s'] / one['steps_per_s']:.2f}x the steps/s of the 1-expert "
+              f"composition{versus}")
 
 
 if __name__ == "__main__":

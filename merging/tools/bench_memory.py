@@ -9,7 +9,9 @@ One run builds (or reuses under --workdir) a random model of a real shape and k 
 
 Setups: `single` (the base alone), `composed-kK` (ComposedModelForCausalLM, chunked scoring, the
 default) and `composed-kK-whole` (the same with `scoring_budget = None`: one forward of every row,
-what scoring did before chunking). Memory is the peak resident set (CPU; the kernel's VmHWM, reset
+what scoring did before chunking); `--routed 1,2,4` adds `routed-kK` (K experts installed, the decode's prompt
+keeping one, held: `logitcomp bench decode --routed`), `routed-kK-dense` (every expert computed) and
+`composed-k1` (the 1-expert composition); the table gives the bytes of the decode's KV caches too. Memory is the peak resident set (CPU; the kernel's VmHWM, reset
 after loading) or torch's peak allocation (CUDA) above what the loaded models hold, printed with its
 ratio to single's.
 
@@ -52,7 +54,7 @@ def build(args) -> Path:
             transformers.AutoModelForCausalLM.from_config(config).save_pretrained(base)
         finally:
             torch.set_default_dtype(default)
-    for i in range(max(int(k) for k in args.experts.split(","))):
+    for i in range(max(int(k) for k in f"{args.experts},{args.routed or 0}".split(","))):
         if (root / f"e{i}" / "adapter_config.json").is_file():
             continue
         model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS))
@@ -100,31 +102,45 @@ def loglikelihood(model, ids: torch.Tensor) -> float:
     return picked.sum().item()
 
 
+def kv_bytes(cache) -> int:
+    """Bytes of a cache's keys and values: a transformers cache, or a ComposedCache (its rows and full experts')."""
+    caches = [cache.rows, *cache.full.values()] if hasattr(cache, "rows") else [cache]
+    return sum(t.nbytes for c in caches for layer in c.layers for t in (layer.keys, layer.values) if t is not None)
+
+
 def child(args) -> None:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from logitcomp import ComposedModelForCausalLM
+
+    from .bench_decode import routed_model
 
     torch.set_num_threads(args.threads)
     root, setup = Path(args.workdir), args.child
     base = Path(args.base) if args.base else root / "base"
     dtype = getattr(torch, args.dtype)
+    vocab = AutoConfig.from_pretrained(base).get_text_config().vocab_size
+    ids = torch.randint(10, vocab, (args.batch, args.length), generator=torch.Generator().manual_seed(0)).to(args.device)
+    prompt = ids[:1, :32]  # the decode's prompt
     if setup == "single":
         model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(args.device).eval()
+    elif setup.startswith("routed"):
+        model = routed_model(setup, base, root, prompt, dtype, args.device)
     else:
         k = int(setup.split("-k")[1].split("-")[0])
         model = ComposedModelForCausalLM.from_experts(base, {f"e{i}": root / f"e{i}" for i in range(k)}, dtype=dtype, device=args.device)
         if setup.endswith("-whole"):
             model.scoring_budget = None
-    vocab = model.config.get_text_config().vocab_size
-    ids = torch.randint(10, vocab, (args.batch, args.length), generator=torch.Generator().manual_seed(0)).to(args.device)
     with torch.no_grad():  # touch every weight once: a safetensors load maps them, pages come in on first use
         model(ids[:1, :4])
     result = {"setup": setup}
     # the decode first: memory freed by the larger loglikelihood batch stays resident and would hide its peak
     held = reset_peak(args.device)
-    model.generate(ids[:1, :32], attention_mask=torch.ones_like(ids[:1, :32]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                         return_dict_in_generate=True)
     result["decode_bytes"] = peak(args.device) - held
+    result["kv_bytes"] = kv_bytes(out.past_key_values)
+    del out
     held = reset_peak(args.device)
     loglikelihood(model, ids)
     result["loglikelihood_bytes"] = peak(args.device) - held
@@ -141,6 +157,9 @@ def measure(args) -> dict:
     """Every setup measured in its own process (the same command line with `--child SETUP`): setup -> result."""
     root = build(args)
     setups = ["single"] + [f"composed-k{k}{suffix}" for k in args.experts.split(",") for suffix in ("", "-whole")]
+    if args.routed:
+        ks = [int(k) for k in args.routed.split(",")]
+        setups += ["composed-k1"] * ("composed-k1" not in setups) + [*(f"routed-k{k}" for k in ks), f"routed-k{max(ks)}-dense"]
     return run_setups([sys.executable, "-m", __spec__.name], args, setups, root)
 
 
@@ -149,11 +168,14 @@ def report(args, results: dict) -> None:
     print(f"model: {model}, {args.dtype} on {args.device}, {args.threads} threads; loglikelihood batch {args.batch} x {args.length} "
           f"tokens; decode: 8 tokens after 32, batch 1; memory above the loaded models")
     single = results["single"]
-    print(f"{'setup':<20} {'loglik MiB':>11} {'x single':>9} {'decode MiB':>11} {'x single':>9}")
+    print(f"{'setup':<20} {'loglik MiB':>11} {'x single':>9} {'decode MiB':>11} {'x single':>9} {'KV MiB':>8} {'x single':>9}")
     for name, r in results.items():
         ratio = lambda key: r[key] / single[key] if single[key] > 0 else float("nan")  # noqa: E731
         print(f"{name:<20} {r['loglikelihood_bytes'] / 2**20:>11.0f} {ratio('loglikelihood_bytes'):>9.2f} "
-              f"{r['decode_bytes'] / 2**20:>11.0f} {ratio('decode_bytes'):>9.2f}")
+              f"{r['decode_bytes'] / 2**20:>11.0f} {ratio('decode_bytes'):>9.2f} {r['kv_bytes'] / 2**20:>8.2f} {ratio('kv_bytes'):>9.2f}")
+    one = results.get("composed-k1")
+    for name in [n for n in results if n.startswith("routed-k")] if one else []:
+        print(f"{name} (one expert kept): KV caches {results[name]['kv_bytes'] / one['kv_bytes']:.2f}x the 1-expert composition's")
 
 
 if __name__ == "__main__":

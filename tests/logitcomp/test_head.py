@@ -1,5 +1,5 @@
 """The LM head's decoding layout (logitcomp/head.py, issue 28.2): the same logits as F.linear, used only
-inside a composed forward, on a large head, on the CPU, for 2 to 16 rows."""
+inside a composed forward, on a large head, on an AMD CPU, for 2 to 16 rows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from logitcomp.head import MAX_ROWS, MIN_VOCAB, _forward, fast_head
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_transposed_layout_gives_f_linear_logits(bias):
+def test_the_transposed_layout_gives_f_linear_logits(bias, monkeypatch):
+    import logitcomp.head
+
+    monkeypatch.setattr(logitcomp.head, "TRANSPOSED_ON_CPU", True)  # the layout of AMD CPUs, whatever this one is
     head = torch.nn.Linear(48, MIN_VOCAB, bias=bias)
     for rows in (1, 2, 3, 7, MAX_ROWS, MAX_ROWS + 1):
         x = torch.randn(rows, 1, 48)  # (M, 1, H): a decoding step's rows
@@ -52,6 +55,7 @@ def test_greedy_decoding_at_gemma3s_vocabulary_is_unchanged_by_the_layout(tmp_pa
     import logitcomp.head
 
     real = logitcomp.head._forward
+    monkeypatch.setattr(logitcomp.head, "TRANSPOSED_ON_CPU", True)  # the layout of AMD CPUs, whatever this one is
     monkeypatch.setattr(logitcomp.head, "_forward", lambda h, x: calls.append(x.numel() // x.shape[-1]) or real(h, x))
     fast = composed.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
     assert 2 in calls  # the decoding steps' two rows (base, expert) went through the layout
