@@ -60,7 +60,8 @@ def gated_forward(model, input_ids, attention_mask, position_ids, chunk: int, lo
         gates = torch.cat(gates, 1)  # (B, W, k)
         real = torch.ones(gates.shape[:2], dtype=torch.bool, device=gates.device) if attention_mask is None \
             else attention_mask[:, -gates.shape[1]:].bool()  # (B, W)
-        layout = RowLayout(((gates != 0) & real.unsqueeze(-1)).any(1), input_ids.device)  # (B, k): the experts each input keeps
+        weighted = torch.tensor([w != 0 for w in model._composer.weights], device=gates.device)  # (k,): an expert of weight 0 never counts
+        layout = RowLayout(((gates != 0) & real.unsqueeze(-1)).any(1) & weighted, input_ids.device)  # (B, k): the experts each input keeps
         # 2. the kept experts' rows, and the composition of each group of inputs over its experts
         rows = layout.inputs[batch:]  # (n,)
         model._rows = layout.experts_only()
