@@ -180,12 +180,9 @@ def routed_model(setup: str, base: Path, root: Path, ids: torch.Tensor, dtype, d
         keep = torch.zeros(len(ids), k, dtype=torch.bool)
         keep[torch.arange(len(ids)), torch.arange(len(ids)) % k] = True  # (B, k)
         model.composition = model.composition.with_routing(designed_routing(means, keep, names))
-        model.skip_unused_experts = not setup.endswith("-dense")
-        with_layout = model.skip_unused_experts
-        model.skip_unused_experts = True  # the kept sets, read from the layout of a first forward
-        got = model(ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1).cache.layout.keep
-        model.skip_unused_experts = with_layout
+        got = model(ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1).cache.layout.keep  # (B, k)
         print(f"{setup}: kept sets {[[names[j] for j in range(k) if row[j]] for row in got.tolist()]}", file=sys.stderr)
+        model.skip_unused_experts = not setup.endswith("-dense")
     return model
 
 
