@@ -45,10 +45,11 @@ def gated_forward(model, input_ids, attention_mask, position_ids, chunk: int, lo
         # 1. the base's rows: the gates of every returned position, its logits into the output buffer
         model._rows = model._fixed_layout(batch, [False] * len(model.lora_experts))
         past = DynamicCache() if keep_cache or len(spans) > 1 else None
-        out, gates, state, column = None, [], None, 0
+        out, gates, widths, state, column = None, [], [], None, 0
         for start, end in spans:
             step = run(every, start, end, past, output_hidden_states=True)
-            width = step.logits.shape[1]
+            width = step.logits.shape[1]  # the returned positions of this span
+            widths.append(width)
             model._check([(step.logits, model._rows.slots)], end - width, mask(every, end))
             if out is None:
                 out = step.logits.new_empty(batch, width if len(spans) == 1 else length, step.logits.shape[-1], dtype=torch.float32)
@@ -67,12 +68,11 @@ def gated_forward(model, input_ids, attention_mask, position_ids, chunk: int, lo
         model._rows = layout.experts_only()
         experts_past = DynamicCache() if len(rows) and (keep_cache or len(spans) > 1) else None
         column = 0
-        for start, end in spans:
+        for (start, end), width in zip(spans, widths):
             logits = None
             if len(rows):
                 logits = run(rows, start, end, experts_past).logits  # (n, w, V)
-                model._check([(logits, layout.slots[batch:])], end - logits.shape[1], mask(every, end))
-            width = out.shape[1] if len(spans) == 1 else end - start
+                model._check([(logits, layout.slots[batch:])], end - width, mask(every, end))
             part = slice(column, column + width)
             out[:, part] = model._compose(layout, out[:, part], logits, {}, False, gates[:, part]).logits
             column += width

@@ -54,7 +54,6 @@ class RowLayout:
         # each row's (model, input) as model · B + input, model 0 the base: how the logits checks name a row
         slots = ([*range(self.batch)] if base else []) + [(1 + j) * self.batch + b for j, m in enumerate(members) for b in m]
         self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # (N,)
-        self.full = bool(keep.all())
         self.groups = self._groups(members, device)
 
     def _groups(self, members: list[list[int]], device) -> list[Group]:

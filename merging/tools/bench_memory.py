@@ -31,6 +31,7 @@ import torch
 
 from . import MEMORY_SHAPES
 from .bench_child import child_args, emit, run_setups
+from .bench_routed import routed_ks, routed_model
 
 TARGETS = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -54,7 +55,7 @@ def build(args) -> Path:
             transformers.AutoModelForCausalLM.from_config(config).save_pretrained(base)
         finally:
             torch.set_default_dtype(default)
-    for i in range(max(int(k) for k in f"{args.experts},{args.routed or 0}".split(","))):
+    for i in range(max([*(int(k) for k in args.experts.split(",")), *routed_ks(args)])):
         if (root / f"e{i}" / "adapter_config.json").is_file():
             continue
         model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS))
@@ -113,8 +114,6 @@ def child(args) -> None:
 
     from logitcomp import ComposedModelForCausalLM
 
-    from .bench_decode import routed_model
-
     torch.set_num_threads(args.threads)
     root, setup = Path(args.workdir), args.child
     base = Path(args.base) if args.base else root / "base"
@@ -158,7 +157,7 @@ def measure(args) -> dict:
     root = build(args)
     setups = ["single"] + [f"composed-k{k}{suffix}" for k in args.experts.split(",") for suffix in ("", "-whole")]
     if args.routed:
-        ks = [int(k) for k in args.routed.split(",")]
+        ks = routed_ks(args)
         setups += ["composed-k1"] * ("composed-k1" not in setups) + [*(f"routed-k{k}" for k in ks), f"routed-k{max(ks)}-dense"]
     return run_setups([sys.executable, "-m", __spec__.name], args, setups, root)
 

@@ -2,7 +2,7 @@
 logitcomp/gated.py), and the log-probs are those of every expert computed (`skip_unused_experts = False`, the path
 every composition ran before): in float64, to 1e-9 relative, through forward, `generate`, chunked scoring and lm-eval.
 
-The routing here is designed, not fitted (`bench_decode.designed_routing`: detectors solved by least squares, exact
+The routing here is designed, not fitted (`bench_routed.designed_routing`: detectors solved by least squares, exact
 at 8 prompts in 16 dimensions, so that each prompt's mean hidden state scores +1 on the experts it is meant to keep
 and -1 on the others), so the kept sets are known in advance (every one of the 8 subsets of 3 experts in one batch)."""
 
@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import logitcomp.grouped_lora as grouped_lora
 from logitcomp import ComposedModelForCausalLM, CompositionConfig, compose
 from merging.harness.model import LogitcompLM
-from merging.tools.bench_decode import designed_routing
+from merging.tools.bench_routed import designed_routing
 
 EXPERTS = ("a", "b", "c")
 WEIGHTS = {"a": 1.0, "b": 0.8, "c": 1.2}
