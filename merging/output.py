@@ -118,3 +118,16 @@ def output_lock(out: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def folder_state(folder: Path) -> dict:
+    """Every file's size and mtime under `folder` (or of the file `folder`), leaving out `__pycache__` and the outputs
+    of logitcomp runs that lie inside it (a recipe's own output inside its `include_path` would otherwise change the
+    state at every run)."""
+    if folder.is_file():
+        return {"path": str(folder), "files": {folder.name: [folder.stat().st_size, folder.stat().st_mtime_ns]}}
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != "__pycache__" and not ours(Path(root) / d)]
+        files += [Path(root) / name for name in names]
+    return {"path": str(folder), "files": {str(p.relative_to(folder)): [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(files)}}

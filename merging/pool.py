@@ -38,6 +38,7 @@ class ModelPool:
         self._task_states = {}  # validation task -> its prompts' token states
         self._tokenizer = None
         self.fits = {}  # row name -> what its routing fitted in this run (logitcomp.routing_fit.fit), or None
+        self.targets = {}  # a distilled row's teacher inputs -> the teacher's targets (bridge.distill.TeacherTargets)
 
     def base(self):
         """The base model (loaded at the first call)."""

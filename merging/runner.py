@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import tempfile
 import time
 from importlib.metadata import version
@@ -32,7 +31,7 @@ from .errors import RecipeError
 from .harness.distributed import barrier, broadcast, launched, world
 from .harness.evaluate import evaluate
 from .kinds import KINDS, Variant
-from .output import check_output, check_recorded_recipe, inside, ours, output_lock
+from .output import check_output, check_recorded_recipe, folder_state, inside, output_lock
 from .plan import Plan, plan, prepare
 from .pool import ModelPool, build_row
 from .recipe import Recipe, ResolvedPaths
@@ -52,7 +51,7 @@ def input_state(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
     tasks = (*recipe.evaluate.tasks, *kind.tasks(variant))
     folders |= {f"task {task}: {key}": path for task, key, path in task_data_files(tasks, tuple(paths.include_paths))}
     folders |= kind.input_files(variant, paths)
-    return {field: _folder_state(Path(folder)) for field, folder in folders.items()}
+    return {field: folder_state(Path(folder)) for field, folder in folders.items()}
 
 
 def task_data_files(tasks: tuple[str, ...], include_paths: tuple[Path, ...]) -> list[tuple[str, str, Path]]:
@@ -74,19 +73,6 @@ def task_data_files(tasks: tuple[str, ...], include_paths: tuple[Path, ...]) -> 
                 if path is not None and path.exists() and not any(path.resolve().is_relative_to(f) for f in include_paths):
                     out.append((task, key, path.resolve()))
     return out
-
-
-def _folder_state(folder: Path) -> dict:
-    """Every file's size and mtime under `folder` (or of the file `folder`), leaving out `__pycache__` and the outputs
-    of logitcomp runs that lie inside it (a recipe's own output inside its `include_path` would otherwise change the
-    state at every run)."""
-    if folder.is_file():
-        return {"path": str(folder), "files": {folder.name: [folder.stat().st_size, folder.stat().st_mtime_ns]}}
-    files = []
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if d != "__pycache__" and not ours(Path(root) / d)]
-        files += [Path(root) / name for name in names]
-    return {"path": str(folder), "files": {str(p.relative_to(folder)): [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(files)}}
 
 
 def _changed(old: dict, new: dict) -> str:

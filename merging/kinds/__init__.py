@@ -6,6 +6,7 @@ in which recipes and messages list them. Adding a kind: one module here and one 
 from .arrow import ArrowKind
 from .base import BaseKind
 from .composed import ComposedKind
+from .distilled import DistilledKind
 from .experts import ExpertsKind
 from .kind import Kind, Variant
 from .merged import MergedKind
@@ -21,6 +22,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     MergedKind(),
     MergedLoraKind(),
     ArrowKind(),
+    DistilledKind(),
     OracleKind(),
 )}
 

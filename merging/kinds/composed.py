@@ -206,13 +206,16 @@ class ComposedKind(Kind):
 
 
 def prompt_sources(row: Variant, paths) -> dict:
-    """Expert -> its example prompts: the row's `route.prompts`, else the recipe's `experts.NAME.prompts`, else the
-    `prompts.jsonl` in its folder (a file as a Path; a hub expert's stays a string until fetched), a list of
-    strings or {"task": NAME}."""
-    own = row.parameters["route"]["prompts"]
+    """Expert -> its example prompts: the row's `route.prompts`, else `expert_prompts`'."""
+    return expert_prompts(row.experts, paths, row.parameters["route"]["prompts"])
+
+
+def expert_prompts(experts, paths, own: dict | None = None) -> dict:
+    """Expert -> its example prompts: `own`'s, else the recipe's `experts.NAME.prompts`, else the `prompts.jsonl` in
+    its folder (a file as a Path; a hub expert's stays a string until fetched), a list of strings or {"task": NAME}."""
     out = {}
-    for name in row.experts:
-        source = own.get(name) or paths.prompts.get(name)
+    for name in experts:
+        source = (own or {}).get(name) or paths.prompts.get(name)
         if source is None:
             folder = paths.experts[name]
             source = folder if isinstance(folder, str) else folder / PROMPTS_FILE

@@ -35,6 +35,24 @@ def add_train_command(world_commands, wrapped: str = "base") -> None:
     train.set_defaults(func=_train)
 
 
+def add_prompts_command(world_commands) -> None:
+    """Add `logitcomp <world> prompts DIR --pairs ...`: unlabeled two-skill prompts for distillation (merging.worlds.smol.pools)."""
+    prompts = world_commands.add_parser("prompts", help="write unlabeled two-skill prompts (never a test or validation document's) into DIR/prompts/A_B.jsonl")
+    prompts.add_argument("dir", metavar="DIR", help="the world folder")
+    prompts.add_argument("--pairs", default="math+polite,polite+title", help="comma-separated: math+STYLE or STYLE+STYLE (the first outermost)")
+    prompts.add_argument("--size", type=int, default=200, help="prompts per pair")
+    prompts.add_argument("--seed", type=int, default=0, help="the world's seed (its test and validation problems are left out)")
+    prompts.set_defaults(func=_prompts)
+
+
+def _prompts(args) -> int:
+    from .smol.pools import write_pair_prompts
+
+    for pair, (path, dropped) in write_pair_prompts(Path(args.dir), args.pairs.split(","), args.size, args.seed).items():
+        print(f"{pair}: {args.size} prompts in {path} ({dropped} drawn ones left out as test or validation material)")
+    return 0
+
+
 def _train(args) -> int:
     from .smol.train import train_smol_experts
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 
 from merging.worlds.smol.data import ANSWER_MARKER, code_tasks, math_problems, task_data
 
@@ -232,3 +234,27 @@ def test_lm_eval_reads_every_task_and_validation_split():
     assert _utils().steps_answer(" " + as_steps(math_list_doc["answer"])) == math_list_doc["answer"]  # the reference is told step by step
     json_doc = next(iter(tasks["smol_math_json_val"].test_docs()))
     assert tasks["smol_math_json_val"].doc_to_text(json_doc) == f"Question: Answer in JSON: {json_doc['question']}\nAnswer:"
+
+
+def test_two_skill_prompt_pools_hold_no_test_or_validation_document(tmp_path):
+    """`logitcomp world smol prompts`: each pair's prompts are in its task's prompt form (the lm-eval YAML's
+    doc_to_text, filled in), distinct, and none is a test or validation document's prompt or content."""
+    import yaml
+
+    from merging.worlds.smol.pools import pair_prompts, write_pair_prompts
+
+    tasks = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "smol"
+    for pair, task, files, key in (("math+polite", "smol_math_polite", ("math", "math_val"), "question"),
+                                   ("polite+title", "smol_title_polite", ("shout", "shout_val"), "sentence")):
+        template = yaml.safe_load((tasks / f"{task}.yaml").read_text().replace("!function", ""))["doc_to_text"]
+        held = [json.loads(line)[key] for f in files for line in (tasks / f"{f}.jsonl").read_text().splitlines()]
+        prompts, _ = pair_prompts(pair, 150, seed=0)
+        assert len(set(prompts)) == 150
+        rendered = {template.replace("{{" + key + "}}", h) for h in held}
+        assert not rendered & set(prompts) and not any(h in p for h in held for p in prompts)
+        head, tail = template.split("{{" + key + "}}")
+        assert all(p.startswith(head) and p.endswith(tail) for p in prompts)
+    written = write_pair_prompts(tmp_path, ["math+polite"], 10, seed=1)
+    assert [json.loads(line)["prompt"] for line in written["math+polite"][0].read_text().splitlines()] == pair_prompts("math+polite", 10, 1)[0]
+    with pytest.raises(ValueError, match=r"--pairs: expected math\+STYLE or STYLE\+STYLE"):
+        pair_prompts("math+code", 10)

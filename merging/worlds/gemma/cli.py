@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..commands import add_train_command
+from ..commands import add_prompts_command, add_train_command
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -27,3 +27,4 @@ def add_commands(sub) -> None:
     build.add_argument("--force", action="store_true", help="convert again when DIR already holds it")
     build.set_defaults(func=_build)
     add_train_command(gemma, wrapped="scored")  # Gemma 3 270M (base) does not repeat or answer a request by itself
+    add_prompts_command(gemma)

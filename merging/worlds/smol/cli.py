@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .. import smol as world_package
-from ..commands import add_tasks_command, add_train_command
+from ..commands import add_prompts_command, add_tasks_command, add_train_command
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -26,4 +26,5 @@ def add_commands(sub) -> None:
     build.add_argument("--force", action="store_true", help="convert again when DIR already holds it")
     build.set_defaults(func=_build)
     add_train_command(smol)
+    add_prompts_command(smol)
     add_tasks_command(smol, "write the smol lm-eval task data (jsonl) into DIR", world_package)
