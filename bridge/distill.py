@@ -247,7 +247,8 @@ def train_student(base: Path, targets: TeacherTargets, lora: LoraConfig, setting
                                  learning_rate=settings.lr, lr_scheduler_type="cosine", warmup_steps=max(1, settings.steps // 20),
                                  weight_decay=0.0, max_grad_norm=1.0, logging_strategy="no",
                                  save_strategy="no", report_to="none", seed=settings.seed, data_seed=settings.seed,
-                                 remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0)
+                                 remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+                                 disable_tqdm=False)  # its progress bar, whatever the logging level
         trainer = _DistillTrainer(model=model, args=args, train_dataset=list(range(len(targets.sequences))),
                                   data_collator=lambda idx: collate(targets, idx, pad), loss=settings.loss)
         result = trainer.train()

@@ -52,6 +52,8 @@ def _bench_decode(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generate", action="store_true", help="time model.generate (single, composed) instead of the hand-written loop")
     p.add_argument("--compile", action="store_true", help="with --generate: also time each setup with a static cache and the compiled step")
     p.add_argument("--base", help="a real base model folder instead of the random Llama (its vocabulary replaces --vocab)")
+    p.add_argument("--distilled", help="with --generate and --base: also time this distilled adapter folder of the base (a "
+                   "`distilled` row's models/NAME), merged into the base (its merged/ when written)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
 

@@ -69,6 +69,8 @@ def prepare_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError("--compile: the compiled step is transformers' generate path; add --generate")
     if args.routed and not args.generate:
         raise ValueError("--routed: the routed setups are timed through generate; add --generate")
+    if args.distilled and not (args.generate and args.base):
+        raise ValueError("--distilled: a distilled adapter of --base is timed through generate; add --generate and --base")
     if args.base:
         from transformers import AutoConfig
 
@@ -123,6 +125,13 @@ def load_generator(setup: str, root: Path, args):
     dtype = getattr(torch, args.dtype)
     if setup == "single":
         return AutoModelForCausalLM.from_pretrained(base_of(args, root), dtype=dtype).to(args.device).eval()
+    if setup == "distilled":  # one model: the adapter merged into the base
+        folder = Path(args.distilled)
+        if (folder / "merged").is_dir():
+            return AutoModelForCausalLM.from_pretrained(folder / "merged", dtype=dtype).to(args.device).eval()
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(args.base, dtype=dtype), folder).merge_and_unload().to(args.device).eval()
     if setup.startswith("routed-k") or setup == "composed-k1":
         return routed_generator(setup, root, args)
     if setup.startswith("composed"):
@@ -326,6 +335,7 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         build_world(args, Path(tmp))
         setups = args.setups.split(",") + [f"composed@{rule}" for rule in args.rule] + [f"composed~{score}" for score in args.route]
+        setups += ["distilled"] if args.distilled else []
         if args.routed:
             ks = routed_ks(args)
             setups += ["composed-k1", *(f"routed-k{k}" for k in ks), f"routed-k{max(ks)}-dense"]

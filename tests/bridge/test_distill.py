@@ -223,3 +223,19 @@ def test_the_distilled_folder_opens_without_logitcomp(tiny, teacher, tmp_path):
         result = json.loads(next((tmp_path / name).rglob("results_*.json")).read_text())
         scores[name] = result["results"]["distilled_text"]["bits_per_byte,none"]
     assert abs(scores["adapter"] - scores["merged"]) < 1e-4, scores
+
+
+def test_bench_decode_times_the_distilled_model_beside_the_single_one(tiny, teacher, tmp_path):
+    """`logitcomp bench decode --generate --base B --distilled D`: the merged distilled model is one more setup, in its
+    own process (the merge on load when no merged/ folder was written)."""
+    from merging.tools import parse_args
+    from merging.tools.bench_decode import measure, prepare_args
+
+    out = distill(teacher, make_tokenizer(), tiny.base, ["ab"], [tiny.adapters["a"]], tmp_path / "d",
+                  TeacherSettings(max_new_tokens=2, top_k=4), StudentSettings(rank=2, steps=1, batch_size=1))
+    args = prepare_args(parse_args("bench_decode", ["--generate", "--base", str(tiny.base), "--distilled", str(out),
+                                                    "--setups", "single", "--k", "1", "--rank", "2", "--new", "4", "--repeats", "1", "--prompt", "4"]))
+    results = measure(args)
+    assert set(results) == {"single", "distilled"} and results["distilled"]["steps_per_s"] > 0
+    with pytest.raises(ValueError, match=r"--distilled: a distilled adapter of --base is timed through generate"):
+        prepare_args(parse_args("bench_decode", ["--base", str(tiny.base), "--distilled", str(out)]))

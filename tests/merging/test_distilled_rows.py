@@ -50,6 +50,11 @@ def test_a_distilled_row_is_its_adapter_folder_and_is_reused(tiny, tmp_path, mon
     want = bits_per_byte(reference, AutoTokenizer.from_pretrained(tiny.base))
     assert math.isclose(results["d"]["smol_text"]["bits_per_byte,none"], want, rel_tol=1e-6)
     assert json.loads((tmp_path / "out" / "variants" / "d.json").read_text())["distilled"]["sequences"] == 5
+    from merging.export import export_row
+
+    served = export_row(path, "d", tmp_path / "served")  # the same adapter, as a folder to serve
+    assert (served / "adapter_model.safetensors").read_bytes() == (folder / "adapter_model.safetensors").read_bytes()
+    assert not (served / "merged").exists() and made == [1]
 
     (tmp_path / "out" / "variants" / "d.json").unlink()  # evaluated again: the model folder is reused as it is
     stamp = (folder / "adapter_model.safetensors").stat().st_mtime_ns
