@@ -298,6 +298,7 @@ def distill(teacher, tokenizer, base: Path, prompts: list[str], experts: list[Pa
     info = {**(record or {}), "teacher_settings": asdict(teacher_settings), "student_settings": asdict(student),
             "prompts": len(prompts), "sequences": len(targets.sequences), "completion_tokens": sum(lengths),
             "ended": sum(1 for s in targets.sequences if s[-1] in _eos_ids(model, tokenizer)),
+            "kept_mass": round(targets.top_logprobs.double().exp().sum(-1).mean().item(), 5),  # the teacher's mass in its top-k
             "train_loss": round(loss, 5), "teacher_seconds": round(made - start, 1), "train_seconds": round(trained - made, 1),
             "peak_rss_mib": round(peak_rss_mib())}
     write_student(model, base, out, info, targets, merged)

