@@ -83,7 +83,7 @@ class TeacherTargets:
     sequences: list[list[int]]
     prompt_lengths: list[int]
     top_ids: torch.Tensor  # (N, K) int64, N = Σ completion lengths
-    top_logprobs: torch.Tensor  # (N, K) float32 (float64 for a float64 teacher), each row sorted descending
+    top_logprobs: torch.Tensor  # (N, K) float32 (generate hands its logits over in float32), each row sorted descending
 
     def offsets(self) -> list[int]:
         """Row of top_ids where each sequence's completion starts, and N at the end."""
@@ -121,34 +121,40 @@ def teacher_targets(teacher, tokenizer, prompts: list[str], settings: TeacherSet
     the first EOS token (kept: the student learns where to stop) or after `max_new_tokens`."""
     eos = _eos_ids(teacher, tokenizer)
     jobs = [(p, False) for p in prompts] + [(p, True) for _ in range(settings.sampled) for p in prompts]
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)  # padded positions are masked
     torch.manual_seed(settings.seed)
     sequences, prompt_lengths, ids, logprobs = [], [], [], []
-    try:
-        for start in tqdm(range(0, len(jobs), settings.batch_size), desc="teacher completions", unit="batch"):
-            chunk = jobs[start:start + settings.batch_size]
-            sample = chunk[0][1]
-            enc = tokenizer([p for p, _ in chunk], return_tensors="pt", padding=True).to(teacher.device)  # (B, P), left-padded
-            sampling = dict(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
-            out = teacher.generate(**enc, max_new_tokens=settings.max_new_tokens, output_logits=True, return_dict_in_generate=True,
-                                   pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos)),
-                                   **sampling)
-            new = out.sequences[:, enc.input_ids.shape[1]:]  # (B, T)
-            # T x ((B, K), (B, K)); float32 (float64 logits stay float64)
-            top = [torch.log_softmax(step if step.dtype == torch.float64 else step.float(), -1).topk(settings.top_k, -1) for step in out.logits]
-            values = torch.stack([t.values for t in top], 1).cpu()  # (B, T, K)
-            indices = torch.stack([t.indices for t in top], 1).cpu()  # (B, T, K)
-            for i in range(len(chunk)):
-                tokens = new[i].tolist()
-                n = next((j + 1 for j, t in enumerate(tokens) if t in eos), len(tokens))
-                prompt = enc.input_ids[i][enc.attention_mask[i].bool()].tolist()
-                sequences.append(prompt + tokens[:n])
-                prompt_lengths.append(len(prompt))
-                ids.append(indices[i, :n])
-                logprobs.append(values[i, :n])
-    finally:
-        tokenizer.padding_side = side
+    for start in tqdm(range(0, len(jobs), settings.batch_size), desc="teacher completions", unit="batch"):
+        chunk = jobs[start:start + settings.batch_size]
+        sample = chunk[0][1]
+        enc = _left_padded(tokenizer, [p for p, _ in chunk], pad).to(teacher.device)  # (B, P)
+        sampling = dict(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
+        out = teacher.generate(**enc, max_new_tokens=settings.max_new_tokens, output_logits=True, return_dict_in_generate=True,
+                               pad_token_id=pad, **sampling)
+        new = out.sequences[:, enc.input_ids.shape[1]:]  # (B, T)
+        top = [torch.log_softmax(step.float(), -1).topk(settings.top_k, -1) for step in out.logits]  # T x ((B, K), (B, K))
+        values = torch.stack([t.values for t in top], 1).cpu()  # (B, T, K)
+        indices = torch.stack([t.indices for t in top], 1).cpu()  # (B, T, K)
+        for i in range(len(chunk)):
+            tokens = new[i].tolist()
+            n = next((j + 1 for j, t in enumerate(tokens) if t in eos), len(tokens))
+            prompt = enc.input_ids[i][enc.attention_mask[i].bool()].tolist()
+            sequences.append(prompt + tokens[:n])
+            prompt_lengths.append(len(prompt))
+            ids.append(indices[i, :n])
+            logprobs.append(values[i, :n])
     return TeacherTargets([p for p, _ in jobs], sequences, prompt_lengths, torch.cat(ids), torch.cat(logprobs))
+
+
+def _left_padded(tokenizer, prompts: list[str], pad: int):
+    """The prompts encoded as lm-eval encodes a context (the tokenizer's special tokens), left-padded with `pad`:
+    input_ids and attention_mask (B, P)."""
+    from transformers import BatchEncoding
+
+    rows = [tokenizer(p).input_ids for p in prompts]
+    width = max(map(len, rows))
+    return BatchEncoding({"input_ids": torch.tensor([[pad] * (width - len(r)) + r for r in rows]),  # (B, P)
+                          "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])})  # (B, P)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
