@@ -21,7 +21,7 @@ def add_train_command(world_commands, wrapped: str = "base") -> None:
     format expert learns on the content it wraps."""
     train = world_commands.add_parser("train", help="train LoRA experts of DIR/base into DIR/experts/NAME")
     train.add_argument("dir", metavar="DIR", help="a world folder built by `build` (DIR/base); experts go to DIR/experts/NAME")
-    train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, shout, title, json, xml, polite, list, steps, mt_math_STYLE, mt_shout_xml, mt_title_polite")
+    train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, realcode (standard-library functions), shout, title, json, xml, polite, list, steps, mt_math_STYLE, mt_shout_xml, mt_title_polite")
     train.add_argument("--steps", type=int, help="training steps (default: 150, or the expert's own where it has one)")
     train.add_argument("--seed", type=int, default=0, help="seed of the LoRA initialisation and the data order")
     train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")

