@@ -38,7 +38,7 @@ def plan(recipe: Recipe) -> list[Variant]:
     for item in recipe.variants:
         spec = VariantSpec.shorthand(item) if isinstance(item, str) else item
         try:
-            rows += KINDS[spec.kind].rows(spec, recipe)
+            rows += spec.rows(recipe)
         except ValueError as exc:
             raise RecipeError(f"variants: {spec.name}: {exc}") from None
     for row in rows:  # a row names files (variants/NAME.json, lm_eval/NAME, models/NAME): within the file systems' 255 bytes

@@ -109,6 +109,12 @@ class ModelPool:
         counts = Counter("+".join(e for e, k in zip(experts, row) if k) or "none" for row in kept.tolist())
         return {name: round(count / len(contexts), 4) for name, count in counts.most_common()}
 
+    def state(self, folder: Path) -> dict:
+        """Every file's size and mtime under `folder` (`output.folder_state`): what a model built from it was made from."""
+        from .output import folder_state
+
+        return folder_state(Path(folder))
+
     def tokenizer(self):
         from transformers import AutoTokenizer
 

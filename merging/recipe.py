@@ -224,6 +224,10 @@ class VariantSpec(BaseModel):
         options = KINDS[kind].options
         return cls(name=kind, kind=kind, options=options() if options is not None else Options())
 
+    def rows(self, recipe) -> list:
+        """The rows this item expands into, planned by its kind (ValueError naming what does not hold)."""
+        return KINDS[self.kind].rows(self, recipe)
+
 
 class Recipe(_Strict):
     name: str

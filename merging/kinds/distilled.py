@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
@@ -29,6 +29,8 @@ from .kind import Kind, Options, Variant
 
 EXPERTS = "experts"  # a `prompts:` item: each of the teacher's experts' example prompts
 SWEEPS = ("lr", "steps", "rank")
+TEACHER_KINDS = ("composed", "routed")  # rows that ComposedKind's model, input_files and tasks serve (routed subclasses it)
+TEACHER = ComposedKind()
 TEACHER_KEYS = ("max_new_tokens", "top_k", "sampled", "temperature", "teacher_batch_size", "seed")
 STUDENT_KEYS = ("rank", "steps", "batch_size", "lr", "loss", "seed")
 
@@ -73,9 +75,14 @@ class DistilledKind(Kind):
             "teacher_settings": {k: o[k] for k in TEACHER_KEYS}, "student": {k: o[k] for k in STUDENT_KEYS}, "merged": o["merged"]})
 
     def check(self, rows: list[Variant], recipe, paths) -> None:
+        from logitcomp.inputs import expert_kind
         from logitcomp.prompts import read_prompts
 
         for row in rows:
+            teacher = row.parameters["teacher"]
+            if not any(expert_kind(n, paths.experts[n]) == "lora" for n in teacher.experts):
+                raise ValueError(f"variants: {row.family or row.name}: teacher: {teacher.name!r} composes no LoRA expert; "
+                                 "the student is a LoRA adapter on their target modules")
             for field, path in self.input_files(row, paths).items():
                 read_prompts(f"variants: {row.family or row.name}: {field}", path)
 
@@ -114,13 +121,11 @@ class DistilledKind(Kind):
         """OUTPUT/models/NAME, distilled now unless its record says it was made from these inputs."""
         from bridge.distill import RECORD_FILE, TARGETS_FILE, StudentSettings, TeacherSettings, TeacherTargets, distill
 
-        from ..output import folder_state
-
         p, paths = row.parameters, pool.paths
         teacher = p["teacher"]
         folder = paths.output / "models" / row.name
         prompts = [q for label, source in _sources(row, paths) for q in pool.example_prompts(f"prompts: {label}", source, p["limit"])]
-        files = {"base": folder_state(paths.base), **{n: folder_state(Path(paths.experts[n])) for n in teacher.experts}}
+        files = {"base": pool.state(paths.base), **{n: pool.state(Path(paths.experts[n])) for n in teacher.experts}}
         made_from = {"teacher": repr(teacher), "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
                      "teacher_settings": p["teacher_settings"], "files": files}
         inputs = {**made_from, "student": p["student"], "merged": p["merged"]}
@@ -132,11 +137,9 @@ class DistilledKind(Kind):
             pool.targets[key] = TeacherTargets.load(folder / "teacher" / TARGETS_FILE)
         ts = {**p["teacher_settings"]}
         ts["batch_size"] = ts.pop("teacher_batch_size")
-        student = {**p["student"], "rank": p["student"]["rank"] or _rank_sum([paths.experts[n] for n in teacher.experts if n in pool.lora])}
-        lora = [Path(paths.experts[n]) for n in teacher.experts if n in pool.lora]
-        if not lora:
-            raise ValueError(f"variants: {row.family or row.name}: teacher {teacher.name!r} has no LoRA expert; the student takes their target modules")
-        with _teacher_kind(row).model(teacher, pool) if key not in pool.targets else _nothing() as model:
+        lora = [Path(paths.experts[n]) for n in teacher.experts if n in pool.lora]  # check() refused a teacher without one
+        student = {**p["student"], "rank": p["student"]["rank"] or sum(json.loads((f / "adapter_config.json").read_text())["r"] for f in lora)}
+        with _teacher_kind(row).model(teacher, pool) if key not in pool.targets else nullcontext() as model:
             distill(model, pool.tokenizer(), paths.base, prompts, lora, folder, TeacherSettings(**ts), StudentSettings(**student),
                     p["merged"], pool.targets.get(key), {"teacher": teacher.name, "inputs": inputs, "made_from": made_from})
         if key not in pool.targets:
@@ -144,38 +147,26 @@ class DistilledKind(Kind):
         return folder
 
 
-@contextmanager
-def _nothing():
-    yield None
-
-
-def _rank_sum(folders) -> int:
-    return sum(json.loads((Path(f) / "adapter_config.json").read_text())["r"] for f in folders)
-
-
 def _teacher_kind(row: Variant) -> ComposedKind:
-    from . import KINDS
-
-    return KINDS[row.parameters["teacher"].kind]
+    """What builds a teacher row's model, its inputs and tasks: the composed kind's (a routed row's route is in the row)."""
+    return TEACHER
 
 
 def _teacher(name: str, spec, recipe) -> Variant:
     """The recipe's composed or routed row named `name` (planned by its own kind)."""
-    from . import KINDS
-
     found = []
     for item in recipe.variants:
         other = type(spec).shorthand(item) if isinstance(item, str) else item
         if other.kind == DistilledKind.name:
             continue
-        for planned in KINDS[other.kind].rows(other, recipe):
+        for planned in other.rows(recipe):
             if planned.name == name:
                 found.append(planned)
             elif planned.family == name:
                 raise ValueError(f"teacher: {name!r} is a swept family; name one of its rows, e.g. {planned.name!r}")
     if not found:
         raise ValueError(f"teacher: expected a composed or routed row of this recipe, got {name!r}")
-    if not isinstance(KINDS[found[0].kind], ComposedKind):
+    if found[0].kind not in TEACHER_KINDS:
         raise ValueError(f"teacher: {name!r} is a {found[0].kind} row; a teacher is a composed or routed row")
     return found[0]
 

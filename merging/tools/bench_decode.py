@@ -125,7 +125,7 @@ def load_generator(setup: str, root: Path, args):
     dtype = getattr(torch, args.dtype)
     if setup == "single":
         return AutoModelForCausalLM.from_pretrained(base_of(args, root), dtype=dtype).to(args.device).eval()
-    if setup == "distilled":  # one model: the adapter merged into the base
+    if setup == "distilled-merged":  # one model: the adapter merged into the base
         folder = Path(args.distilled)
         if (folder / "merged").is_dir():
             return AutoModelForCausalLM.from_pretrained(folder / "merged", dtype=dtype).to(args.device).eval()
@@ -335,7 +335,7 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         build_world(args, Path(tmp))
         setups = args.setups.split(",") + [f"composed@{rule}" for rule in args.rule] + [f"composed~{score}" for score in args.route]
-        setups += ["distilled"] if args.distilled else []
+        setups += ["distilled-merged"] if args.distilled else []
         if args.routed:
             ks = routed_ks(args)
             setups += ["composed-k1", *(f"routed-k{k}" for k in ks), f"routed-k{max(ks)}-dense"]

@@ -91,6 +91,16 @@ def test_bad_distilled_rows_are_refused_in_one_line(tiny, tmp_path, row, message
     assert "\n" not in str(caught.value)
 
 
+def test_a_teacher_of_full_models_only_is_refused(tiny, tmp_path):
+    from merging.plan import prepare
+
+    recipe = _recipe(tiny, tmp_path)
+    recipe["experts"]["f"] = str(tiny.full_expert)
+    recipe["variants"] = [{"name": "full", "kind": "composed", "experts": ["f"]}, {**recipe["variants"][1], "teacher": "full"}]
+    with pytest.raises(RecipeError, match=r"variants: d: teacher: 'full' composes no LoRA expert; the student is a LoRA adapter"):
+        prepare(_write(tmp_path, recipe))
+
+
 def test_a_distilled_row_round_trips_the_schema(tiny, tmp_path):
     recipe, _ = load_recipe(_write(tmp_path, _recipe(tiny, tmp_path, sweep={"lr": [0.01, 0.02]})))
     assert yaml.safe_load(recipe.to_yaml())["variants"][1]["prompts"] == ["experts", "pool.jsonl"]
