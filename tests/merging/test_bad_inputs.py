@@ -162,7 +162,7 @@ CASES = {
     "no variants": _r(r"variants: expected at least one variant", "run", variants=[]),
     "variant twice": _r(r"variants: variant 'base' is listed twice", variants=["base", "composed", "base"]),
     "unknown variant": _r(r"variants: \[0\]: unknown variant 'ensemble'; expected one of base, experts, composed", variants=["ensemble"]),
-    "variant of an unknown kind": _r(r"variants: x: kind: expected one of experts, composed, routed, merged, merged_lora, arrow, oracle, got 'ensemble'",
+    "variant of an unknown kind": _r(r"variants: x: kind: expected one of experts, composed, routed, merged, merged_lora, arrow, distilled, oracle, got 'ensemble'",
                                      variants=["base", {"name": "x", "kind": "ensemble"}]),
     "option of another kind": _r(r"variants: x: unknown key 'method' for a composed variant; allowed keys: name, kind, sweep",
                                  variants=[{"name": "x", "kind": "composed", "method": "ties"}]),
