@@ -85,12 +85,14 @@ class TeacherTargets:
     top_ids: torch.Tensor  # (N, K) int64, N = Σ completion lengths
     top_logprobs: torch.Tensor  # (N, K) float32 (generate hands its logits over in float32), each row sorted descending
 
+    def __post_init__(self):
+        self._offsets = [0]  # read by every training batch (collate): computed once
+        for seq, p in zip(self.sequences, self.prompt_lengths):
+            self._offsets.append(self._offsets[-1] + len(seq) - p)
+
     def offsets(self) -> list[int]:
         """Row of top_ids where each sequence's completion starts, and N at the end."""
-        out = [0]
-        for seq, p in zip(self.sequences, self.prompt_lengths):
-            out.append(out[-1] + len(seq) - p)
-        return out
+        return self._offsets
 
     def save(self, path: Path) -> None:
         """One safetensors file (atomically): the tokens, the prompt lengths and the top-k; the prompts as metadata."""
@@ -301,9 +303,10 @@ def distill(teacher, tokenizer, base: Path, prompts: list[str], experts: list[Pa
     model, loss = train_student(base, targets, student_lora(experts, student.rank), student)
     trained = time.perf_counter()
     lengths = [len(s) - p for s, p in zip(targets.sequences, targets.prompt_lengths)]
+    eos = _eos_ids(model, tokenizer)
     info = {**(record or {}), "teacher_settings": asdict(teacher_settings), "student_settings": asdict(student),
             "prompts": len(prompts), "sequences": len(targets.sequences), "completion_tokens": sum(lengths),
-            "ended": sum(1 for s in targets.sequences if s[-1] in _eos_ids(model, tokenizer)),
+            "ended": sum(1 for s in targets.sequences if s[-1] in eos),
             "kept_mass": round(targets.top_logprobs.double().exp().sum(-1).mean().item(), 5),  # the teacher's mass in its top-k
             "train_loss": round(loss, 5), "teacher_seconds": round(made - start, 1), "train_seconds": round(trained - made, 1),
             "peak_rss_mib": round(peak_rss_mib())}
