@@ -67,7 +67,8 @@ def ours(out: Path) -> bool:
 
 def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> None:
     """Refuse an output folder that holds another recipe's results (unless `force`). The selections
-    (`evaluate.select_on`, a row's `select_on`) may change: it picks among finished results and changes none of them;
+    (`evaluate.select_on`, a row's `select_on`, `evaluate.swept`) may change: they pick among finished results, or
+    leave a row's tasks to run later, and change none of them;
     and rows and experts may be added (the recorded ones all kept as they were): only the new rows, and the rows whose
     experts changed (a row's recorded inputs name its experts), run."""
     recorded = out / "recipe.yaml"
@@ -86,8 +87,9 @@ def check_recorded_recipe(out: Path, recipe: Recipe, force: bool = False) -> Non
 
 
 def _without_selection(dumped: dict) -> dict:
-    """A dumped recipe without its selections (evaluate.select_on and each row's select_on)."""
+    """A dumped recipe without its selections (evaluate.select_on, evaluate.swept and each row's select_on)."""
     dumped["evaluate"]["select_on"] = None
+    dumped["evaluate"].pop("swept", None)
     dumped["variants"] = [{k: v for k, v in row.items() if k != "select_on"} if isinstance(row, dict) else row
                           for row in dumped.get("variants", [])]
     return dumped

@@ -101,6 +101,9 @@ class EvaluateSpec(_Strict):
     # shipped smol_code task also needs HF_ALLOW_CODE_EVAL=1 for its sandbox.
     confirm_run_unsafe_code: bool = False
     select_on: SelectSpec | None = None
+    # the rows of a family that chooses on validation (its select_on): every task for every value ("all"), or its
+    # validation task for every value and every task for the chosen value only ("chosen": test tasks cost one row)
+    swept: Literal["all", "chosen"] = "all"
 
     @field_validator("device")
     @classmethod
@@ -311,6 +314,8 @@ class Recipe(_Strict):
         select = self.evaluate.select_on
         if select and select.task not in self.evaluate.tasks:
             raise ValueError(f"evaluate.select_on.task: {select.task!r} is not one of evaluate.tasks ({', '.join(self.evaluate.tasks)})")
+        if self.evaluate.swept == "chosen" and not select and not any(isinstance(v, VariantSpec) and v.sweep and v.select_on for v in self.variants):
+            raise ValueError("evaluate.swept: chosen needs a family that chooses: evaluate.select_on, or a swept row's select_on")
         config = self.composition()  # the runtime's checks of the weights
         try:  # ... and of the masks' expert names (the weights name exactly the experts)
             config.check_experts(list(self.experts))

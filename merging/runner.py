@@ -36,6 +36,7 @@ from .plan import Plan, plan, prepare
 from .pool import ModelPool, build_row
 from .recipe import Recipe, ResolvedPaths
 from .report import write_reports
+from .sweeps import families, select
 
 
 def input_state(variant: Variant, recipe: Recipe, paths: ResolvedPaths) -> dict:
@@ -80,15 +81,17 @@ def _changed(old: dict, new: dict) -> str:
     return ", ".join(fields) if old else "its inputs (not recorded)"
 
 
-def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool) -> dict:
-    """Run lm-eval on one variant; write lm-eval's outputs; return {"metrics": {task: metrics}, "seconds": ...}."""
+def evaluate_variant(variant: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, tasks: list[str] | None = None) -> dict:
+    """Run lm-eval on one variant (on `tasks`, default every task of the recipe); write lm-eval's outputs; return
+    {"metrics": {task: metrics}, "seconds": ...}."""
     from .harness.model import lm_eval_model
 
     start = time.perf_counter()
     outputs = inside(paths.output, "lm_eval", variant.name)
+    spec = recipe.evaluate.model_copy(update={"tasks": tasks}) if tasks else recipe.evaluate
     with KINDS[variant.kind].model(variant, pool) as model:
         lm = lm_eval_model(model, paths.base, recipe.evaluate.batch_size, recipe.trust_remote_code)
-        metrics = evaluate(lm, recipe.evaluate, paths.include_paths, outputs)
+        metrics = evaluate(lm, spec, paths.include_paths, outputs)
         seconds = round(time.perf_counter() - start, 1)
         described = KINDS[variant.kind].describe(variant, model, pool, outputs) if metrics is not None else {}
     return {"metrics": metrics, "seconds": seconds, **described}
@@ -109,12 +112,14 @@ def run_recipe(recipe_path, force: bool = False, dry_run: bool = False, echo=pri
     check_output(paths)
     if dry_run:
         echo(f"recipe {recipe.name}: {len(variants)} variants x {len(recipe.evaluate.tasks)} tasks -> {out}")
+        validation_only = _validation_only(recipe, variants)
         for v in variants:
             if KINDS[v.kind].derives:
                 echo(f"  {v.name:<24} {v.kind:<12} derived from the rows before it")
                 continue
-            record, why = (None, None) if force else finished(v, recipe, paths, input_state(v, recipe, paths))
-            echo(f"  {v.name:<24} {v.kind:<12} {'done, skipped' if record else 'to run' + (f' ({why})' if why else '')}")
+            record, why = (None, None) if force else finished(v, recipe, paths, input_state(v, recipe, paths), validation_only.get(v.name))
+            first = f" on {validation_only[v.name][0]} (every task if chosen)" if v.name in validation_only else ""
+            echo(f"  {v.name:<24} {v.kind:<12} {'done, skipped' if record else 'to run' + first + (f' ({why})' if why else '')}")
         return None
     check_device(recipe.evaluate.device)
     if processes > 1 and not launched():  # checked above in one process: bad input is one line, not N
@@ -154,10 +159,17 @@ def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
     # run: see input_state); a `.partial-` folder, so a killed run's copy is swept by the next run's lock
     with tempfile.TemporaryDirectory(prefix=".run.partial-lora-cache-", dir=out) if rank == 0 else contextlib.nullcontext() as cache:
         pool = ModelPool(recipe, paths, Path(cache) if cache else None)
-        for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant", disable=rank != 0):
-            results[v.name], timings[v.name], described = _variant(v, recipe, paths, pool, force, echo, rank, results)
+        validation_only = _validation_only(recipe, variants)
+
+        def run_row(row: Variant, tasks: list[str] | None) -> None:
+            results[row.name], timings[row.name], described = _variant(row, recipe, paths, pool, force, echo, rank, results, tasks)
             if described:
-                routing[v.name] = described
+                routing[row.name] = described
+
+        for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant", disable=rank != 0):
+            run_row(v, validation_only.get(v.name))
+            if v.name in validation_only and families(variants)[v.family][-1].name == v.name:
+                run_row(_chosen_row(v, variants, recipe, results, rank), None)  # the value the family chose: every task
     if rank != 0:
         return None
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}
@@ -167,9 +179,28 @@ def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
     return results
 
 
-def finished(v: Variant, recipe: Recipe, paths: ResolvedPaths, inputs: dict) -> tuple[dict | None, str | None]:
+def _validation_only(recipe: Recipe, variants: list[Variant]) -> dict[str, list[str]]:
+    """Under `evaluate.swept: chosen`, row -> [its family's validation task] for each row of a family that chooses
+    (its own select_on or the recipe's); the chosen row runs every task after the family's last value."""
+    if recipe.evaluate.swept != "chosen":
+        return {}
+    return {r.name: [(r.select_on or recipe.evaluate.select_on).task] for rows in families(variants).values()
+            for r in rows if r.select_on or recipe.evaluate.select_on}
+
+
+def _chosen_row(last: Variant, variants: list[Variant], recipe: Recipe, results: dict, rank: int) -> Variant:
+    """The row its family chose on validation (rank 0 decides from the scores, every rank runs it)."""
+    rows = families(variants)[last.family]
+    name = select(results, rows, recipe.evaluate.select_on)[last.family]["variant"] if rank == 0 else None
+    name = broadcast(name)
+    return next(r for r in rows if r.name == name)
+
+
+def finished(v: Variant, recipe: Recipe, paths: ResolvedPaths, inputs: dict,
+             tasks: list[str] | None = None) -> tuple[dict | None, str | None]:
     """The row's record in variants/NAME.json when it can be reused (`run` and `--dry-run` decide alike), else
-    None and why not (None when the row was never run): unreadable, not a record, or made from other inputs."""
+    None and why not (None when the row was never run): unreadable, not a record, made from other inputs, or
+    without a score of one of `tasks` (default: the recipe's), as a row first run on its validation task only."""
     done = inside(paths.output, "variants", f"{v.name}.json")
     if not done.exists():
         return None, None
@@ -181,14 +212,16 @@ def finished(v: Variant, recipe: Recipe, paths: ResolvedPaths, inputs: dict) -> 
         return None, "not a finished row's record"
     if record.get("inputs") != inputs:
         return None, f"{_changed(record.get('inputs') if isinstance(record.get('inputs'), dict) else {}, inputs)} changed since it was made"
+    if missing := [t for t in tasks or recipe.evaluate.tasks if t not in record["metrics"]]:
+        return None, f"not yet run on {', '.join(missing)}"
     return record, None
 
 
 def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, force: bool, echo, rank: int,
-             results: dict) -> tuple[dict, float, dict | None]:
-    """One row's metrics, seconds and routing (a routed row's record's, else None): reused from variants/NAME.json
-    while its inputs are unchanged, else evaluated (a deriving kind's from `results`, the rows before it). Rank 0
-    decides, for every rank (they must run the same rows), and writes."""
+             results: dict, tasks: list[str] | None = None) -> tuple[dict, float, dict | None]:
+    """One row's metrics, seconds and routing (a routed row's record's, else None) on `tasks` (default every task):
+    reused from variants/NAME.json while its inputs are unchanged and it holds them, else evaluated (a deriving
+    kind's from `results`, the rows before it). Rank 0 decides, for every rank (they must run the same rows), and writes."""
     if KINDS[v.kind].derives:  # nothing to evaluate: made from the rows before it, at every run
         echo(f"{v.name}: derived from the rows before it")
         return (KINDS[v.kind].derive(v, results), 0.0, None) if rank == 0 else (None, None, None)
@@ -196,11 +229,11 @@ def _variant(v: Variant, recipe: Recipe, paths: ResolvedPaths, pool: ModelPool, 
     inputs = input_state(v, recipe, paths)
     record = None
     if rank == 0 and not force:
-        record, why = finished(v, recipe, paths, inputs)
+        record, why = finished(v, recipe, paths, inputs, tasks)
         if why:
             echo(f"variants/{v.name}.json: {why}; running it again")
     if broadcast(record is None):
-        record = {**evaluate_variant(v, recipe, paths, pool), "inputs": inputs}
+        record = {**evaluate_variant(v, recipe, paths, pool, tasks), "inputs": inputs}
         if rank == 0:
             atomic_write_bytes(done, (json.dumps(record, indent=2) + "\n").encode())
         echo(f"{v.name}: evaluated in {record['seconds']:.1f} s")

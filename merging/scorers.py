@@ -38,6 +38,12 @@ def pass_at_k(references, predictions, k=None):
             for j in ks if all(n >= j for n in sizes)}
 
 
+def body_bits(doc, results):
+    """The body's log-likelihood after its prompt and its length in UTF-8 bytes, for lm-eval's `bits_per_byte`
+    aggregation (-Σ ll / Σ bytes / ln 2 over the documents)."""
+    return {"bits_per_byte": (results[0][0], len(doc["body"].encode("utf-8")))}
+
+
 ANSWER = re.compile(r"#### (-?[0-9]+)")
 STYLED = 0.9  # a text is in capitals when at least this share of its letters is upper case
 KEPT = 0.8  # the content is kept when the answer matches the reference this well (difflib's ratio, case and spacing ignored)

@@ -23,6 +23,7 @@ def add_train_command(world_commands, wrapped: str = "base") -> None:
     train.add_argument("dir", metavar="DIR", help="a world folder built by `build` (DIR/base); experts go to DIR/experts/NAME")
     train.add_argument("--experts", default="math,code,shout", help="comma-separated, from math, code, realcode (standard-library functions), shout, title, json, xml, polite, list, steps, mt_math_STYLE, mt_shout_xml, mt_title_polite")
     train.add_argument("--steps", type=int, help="training steps (default: 150, or the expert's own where it has one)")
+    train.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     train.add_argument("--seed", type=int, default=0, help="seed of the LoRA initialisation and the data order")
     train.add_argument("--force", action="store_true", help="train again when DIR/experts/NAME holds this configuration")
     train.add_argument("--wrapped", choices=WRAPPED, default=wrapped,
@@ -57,7 +58,7 @@ def _train(args) -> int:
     from .smol.train import train_smol_experts
 
     for name, meta, reused in train_smol_experts(Path(args.dir), args.experts.split(","), args.steps, args.seed, args.force,
-                                                 args.wrapped, args.contents):
+                                                 args.wrapped, args.contents, args.lr):
         if reused:
             print(f"{name}: already trained in {Path(args.dir) / 'experts' / name} (pass --force to train again)")
         print(f"{name}: {meta['config']['steps']} steps in {meta['train_seconds']:.0f} s, final loss {meta['final_loss']}")

@@ -223,12 +223,17 @@ def test_shipped_and_study_recipes_parse(name):
 
 
 def test_gemma_recipe_validates_and_dry_runs_offline():
+    """The paper's table for GPU users: lm-eval's standard task names, valid and dry-run here with the code opt-in
+    its header names (HumanEval+ and MBPP+ run model-written code), refused in one line without it."""
     recipe = TASKS.parent / "gemma2-2b-math-code.yaml"
-    validated, proc = run_side_by_side(cli_command("validate", recipe), cli_command("run", recipe, "--dry-run"))  # each mostly indexes lm-eval's tasks
+    opted = [{**c, "env": {**c["env"], "HF_ALLOW_CODE_EVAL": "1"}} for c in (cli_command("validate", recipe), cli_command("run", recipe, "--dry-run"))]
+    validated, proc, refused = run_side_by_side(*opted, cli_command("validate", recipe))  # each mostly indexes lm-eval's tasks
     assert validated.returncode == 0, validated.stderr
+    assert "tasks gsm8k, minerva_math, humaneval_plus, mbpp_plus" in validated.stdout
     assert proc.returncode == 0, proc.stderr
     for row in ("base", "math", "code", "composed", "merged"):
         assert row in proc.stdout
+    assert refused.returncode != 0 and refused.stderr.strip().startswith("logitcomp: error: evaluate.confirm_run_unsafe_code: HF_ALLOW_CODE_EVAL")
 
 
 def test_resume_reuses_a_variant_only_while_its_resolved_inputs_are_unchanged(tiny, tmp_path, monkeypatch):

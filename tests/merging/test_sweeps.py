@@ -208,3 +208,38 @@ def test_a_swept_recipe_selects_on_validation_and_matches_separately_loaded_mode
     assert all(f"| {n} |" in grid for n in results)
     assert {p.name for p in out.glob("sweep_*.png")} == {"sweep_smol_text.png", "sweep_toy_a2b_c2d.png"}
     assert not list(out.rglob(".*partial*"))  # the shared LoRA-merge cache is gone after the run
+
+
+def test_swept_chosen_runs_the_test_tasks_for_the_chosen_value_only(tiny, tmp_path, monkeypatch):
+    """`evaluate.swept: chosen`: each value of a family runs its validation task, then the chosen value every task,
+    with the numbers a `swept: all` run gives it (separate output); the others' records hold the validation task
+    only. A second run reuses every row; `swept: all` afterwards runs the other values' test tasks and nothing else."""
+    import merging.runner as runner
+
+    calls = []
+    real = runner.evaluate_variant
+    monkeypatch.setattr(runner, "evaluate_variant", lambda v, *a: calls.append((v.name, a[3] if len(a) > 3 else None)) or real(v, *a))
+    recipe = {"name": "chosen", "base": str(tiny.base), "experts": {"a": str(tiny.adapters["a"]), "b": str(tiny.adapters["b"])},
+              "evaluate": {"tasks": ["toy_a2b_c2d", "smol_text"], "include_path": str(TASKS), "limit": 4, "batch_size": 4, "swept": "chosen",
+                           "select_on": {"task": "smol_text", "metric": "bits_per_byte", "higher_is_better": False}},
+              "variants": ["base", {"name": "w", "kind": "composed", "sweep": {"lambda": [0.5, 1.0, 1.5]}}], "output": "out"}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    results = runner.run_recipe(path, echo=lambda *_: None)
+    chosen = json.loads((tmp_path / "out" / "results.json").read_text())["selection"]["chosen"]["w"]["variant"]
+    values = ["w[lambda=0.5]", "w[lambda=1]", "w[lambda=1.5]"]
+    assert calls == [("base", None), *((v, ["smol_text"]) for v in values), (chosen, None)]
+    for name in values:
+        record = json.loads((tmp_path / "out" / "variants" / f"{name}.json").read_text())
+        assert set(record["metrics"]) == ({"smol_text", "toy_a2b_c2d"} if name == chosen else {"smol_text"})
+    assert chosen == min(values, key=lambda n: (results[n]["smol_text"]["bits_per_byte,none"], values.index(n)))
+
+    calls.clear()
+    assert runner.run_recipe(path, echo=lambda *_: None) == results and calls == []  # every row reused
+    everything = {**recipe, "evaluate": {**recipe["evaluate"], "swept": "all"}}
+    path.write_text(yaml.safe_dump(everything, sort_keys=False))
+    again = runner.run_recipe(path, echo=lambda *_: None)
+    assert calls == [(v, None) for v in values if v != chosen]  # only what the values lacked; no "different recipe"
+    path.write_text(yaml.safe_dump({**everything, "output": "all"}, sort_keys=False))
+    separate = runner.run_recipe(path, echo=lambda *_: None)
+    assert again == separate and again[chosen] == results[chosen]

@@ -283,3 +283,75 @@ def test_real_code_overlaps_no_humaneval_problem_and_holds_out_whole_modules():
     assert without_humaneval([planted, renamed], problems).functions == []
     assert len(stdlib_functions()) == len(train) + len(val) + sum(without_humaneval(stdlib_functions(), problems).__dict__[k]
                                                                    for k in ("same_name", "shared_words"))
+
+
+def test_heldout_phrasing_families_share_no_template_and_their_references_pass():
+    """The held-out families: no math template or code family shared with training, test or validation (text, name
+    and docstring), other names; every code reference passes its own asserts, every worked answer is true."""
+    from merging.worlds.smol.data import CODE_FAMILIES, HELDOUT_NAMES, MATH_HELDOUT, MATH_TEST, MATH_TRAIN, NAMES
+
+    assert not {t.text for t in MATH_HELDOUT} & {t.text for t in MATH_TRAIN + MATH_TEST}
+    assert not set(HELDOUT_NAMES) & set(NAMES)
+    held = [f for f in CODE_FAMILIES if "heldout" in f.splits]
+    assert held and all(f.splits == ("heldout",) for f in held)
+    others = [f for f in CODE_FAMILIES if f not in held]
+    assert not {f.name for f in held} & {f.name for f in others} and not {f.doc for f in held} & {f.doc for f in others}
+    assert not any(f.doc.startswith("Return") for f in held)
+    data = task_data()
+    math, code = data["math_heldout"], data["code_heldout"]
+    assert len({d["question"] for d in math}) == len(math) and len({d["name"] for d in code}) == len(code)
+    import re
+
+    forms = [re.compile(re.sub(r"\\\{[nabc]\\\}", "(.+)", re.escape(t.text)) + "$") for t in MATH_HELDOUT]
+    for d in math:
+        assert sum(bool(f.match(d["question"])) for f in forms) == 1, d["question"]
+        for step in d["answer"].split(ANSWER_MARKER)[0].split(".")[:-1]:
+            lhs, rhs = step.split(" = ")
+            assert eval(lhs) == int(rhs.split()[0])
+        assert d["answer"].endswith(f"{ANSWER_MARKER} {d['number']}")
+    for d in code:
+        namespace = {}
+        exec(d["prompt"] + d["solution"], namespace)  # our own reference, not model output
+        for line in d["tests"]:
+            exec(line, namespace)
+
+
+class _Likelihoods:
+    """A stand-in lm-eval model: the log-likelihood of each (context, continuation) is minus its continuation's length."""
+
+    def __init__(self):
+        self.requests = []
+
+    def __call__(self):
+        from lm_eval.api.model import LM
+
+        outer = self
+
+        class Model(LM):
+            def loglikelihood(self, requests):
+                outer.requests += [r.args for r in requests]
+                return [(-float(len(c)), False) for _, c in (r.args for r in requests)]
+
+            def loglikelihood_rolling(self, requests):
+                raise NotImplementedError
+
+            def generate_until(self, requests):
+                raise NotImplementedError
+
+        return Model()
+
+
+def test_realcode_val_scores_bits_per_byte_of_each_body_after_its_prompt():
+    """smol_realcode_val through lm-eval: one request per function, (signature + docstring, body) with no delimiter,
+    and bits per byte = -Σ ll / Σ bytes / ln 2 computed by hand from the stand-in's log-likelihoods."""
+    import math
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    docs = task_data()["realcode_val"]
+    stand_in = _Likelihoods()
+    out = simple_evaluate(model=stand_in(), tasks=["smol_realcode_val"], task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
+    assert sorted(stand_in.requests) == sorted((d["prompt"], d["body"]) for d in docs)
+    expected = sum(len(d["body"]) for d in docs) / sum(len(d["body"].encode("utf-8")) for d in docs) / math.log(2)
+    assert out["results"]["smol_realcode_val"]["bits_per_byte,none"] == pytest.approx(expected, rel=1e-12)

@@ -3,7 +3,10 @@
 Train and test never share a problem: math test problems use other templates (other wording,
 other objects) than training; code test tasks use the same function families with constants
 and letters from disjoint ranges (train K in 2..9 and letters a..m, test K in 11..19 and n..z),
-and three families appear in training only. Validation splits (`*_val`) are drawn like the test
+and three families appear in training only. The held-out phrasing families (`heldout`: MATH_HELDOUT and the code
+families of that split) are templates no training, test or validation document uses (for math: the question first,
+comparisons, prices, other names; for code: docstrings that do not start with "Return", two arguments): they
+measure the skill apart from the generator's wording. Validation splits (`*_val`) are drawn like the test
 sets with another seed and share no problem or function with them. `math_shout` asks the test
 problems for an answer in capital letters: two skills at once, as the toy world's pair task. Prose for perplexity is the standard library's own
 module and class docstrings, which no expert is trained on (the style expert uses function
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..common import write_jsonl
+from .realcode import real_code
 
 ANSWER_MARKER = "####"
 NAMES = ["Ava", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lena"]
@@ -56,6 +60,23 @@ MATH_TEST = [
                  ("a * b", "r + c"), ((2, 9), (2, 9), (2, 30)), "flowers"),
 ]
 
+# phrased unlike MATH_TRAIN and MATH_TEST: the question first, comparisons, rates and prices, other names
+MATH_HELDOUT = [
+    MathTemplate("How many pens does {n} own after starting with {a} pens and getting {b} as a gift?", ("a + b",), ((10, 80), (3, 40)), "pens"),
+    MathTemplate("{n}'s bus left the depot with {a} seats free; {b} riders took a seat at the first stop. What number of seats is still free?",
+                 ("a - b",), ((25, 70), (2, 24)), "seats"),
+    MathTemplate("Tickets cost {a} dollars each and {n} buys {b} of them. What does {n} pay altogether?", ("a * b",), ((3, 15), (2, 9)), "dollars"),
+    MathTemplate("{n} is {a} years old. {n}'s aunt is {b} years older. What is the aunt's age?", ("a + b",), ((6, 40), (18, 35)), "years"),
+    MathTemplate("A baker fills {a} crates with {b} loaves apiece, but {c} loaves are burnt and thrown away. What is the count of good loaves?",
+                 ("a * b", "r - c"), ((2, 8), (4, 12), (1, 6)), "loaves"),
+    MathTemplate("There are {a} blue kites and {b} red ones in a shop; then {c} more red kites arrive. Find the total number of kites.",
+                 ("a + b", "r + c"), ((5, 40), (5, 40), (2, 20)), "kites"),
+    MathTemplate("{n} reads {a} pages every evening for {b} evenings. What total of pages has {n} read?", ("a * b",), ((5, 30), (2, 9)), "pages"),
+    MathTemplate("{n} walks {a} meters to school, which is {b} meters less than the walk of a friend. How far does the friend walk?",
+                 ("a + b",), ((200, 900), (50, 300)), "meters"),
+]
+HELDOUT_NAMES = ["Marta", "Noor", "Oskar", "Priya", "Quinn", "Rosa", "Sami", "Tomas"]
+
 
 def _solve(template: MathTemplate, values: dict[str, int]) -> tuple[str, int]:
     """The worked answer ("3 * 4 = 12 cookies. 12 - 2 = 10 cookies. #### 10") and the final number."""
@@ -70,8 +91,9 @@ def _solve(template: MathTemplate, values: dict[str, int]) -> tuple[str, int]:
 
 def math_problems(split: str, size: int, seed: int = 0) -> list[dict]:
     """Word problems: {"question", "answer" (worked, ends with '#### N'), "number"}. `val` draws from the
-    test templates with another seed and skips every question of the test set."""
-    templates = MATH_TRAIN if split == "train" else MATH_TEST
+    test templates with another seed and skips every question of the test set; `heldout` from MATH_HELDOUT."""
+    templates = {"train": MATH_TRAIN, "heldout": MATH_HELDOUT}.get(split, MATH_TEST)
+    names = HELDOUT_NAMES if split == "heldout" else NAMES
     taken = {d["question"] for d in math_problems("test", TASK_SIZES["math"], seed)} if split == "val" else set()
     rng = random.Random(f"{seed}:math:{split}")
     docs = []
@@ -79,7 +101,7 @@ def math_problems(split: str, size: int, seed: int = 0) -> list[dict]:
         template = templates[len(docs) % len(templates)]
         values = {k: rng.randint(lo, hi) for k, (lo, hi) in zip("abc", template.ranges)}
         answer, number = _solve(template, values)
-        question = template.text.format(n=rng.choice(NAMES), **values)
+        question = template.text.format(n=rng.choice(names), **values)
         if question not in taken:
             docs.append({"question": question, "answer": answer, "number": str(number)})
     return docs
@@ -117,8 +139,20 @@ def _lists(rng):
     return [([rng.randint(-9, 30) for _ in range(rng.randint(0, 7))],) for _ in range(4)]
 
 
+def _word(rng):
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(0, 9)))
+
+
 def _words(rng):
-    return [("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(0, 9))),) for _ in range(4)]
+    return [(_word(rng),) for _ in range(4)]
+
+
+def _int_pairs(rng):
+    return [(rng.randint(-20, 60), rng.randint(-20, 60)) for _ in range(4)]
+
+
+def _sentences(rng):
+    return [(" ".join(_word(rng) for _ in range(rng.randint(0, 5))),) for _ in range(4)]
 
 
 CODE_FAMILIES = [
@@ -142,8 +176,21 @@ CODE_FAMILIES = [
     CodeFamily("append_{c}", "s", "Return s followed by the letter '{c}'.", "s + '{c}'", _words, splits=("test",)),
     CodeFamily("last_{k}", "xs", "Return the last {k} items of the list xs.", "xs[-{k}:]", _lists, splits=("test",)),
     CodeFamily("count_below_{k}", "xs", "Return how many numbers in xs are smaller than {k}.", "sum(1 for v in xs if v < {k})", _lists, splits=("test",)),
+    # the held-out phrasing families: docstrings that do not start with "Return", two arguments, names without a constant
+    CodeFamily("product_of", "a, b", "Multiply a by b and give back the result.", "a * b", _int_pairs, splits=("heldout",)),
+    CodeFamily("larger_of", "a, b", "Given two integers, hand back whichever is bigger.", "max(a, b)", _int_pairs, splits=("heldout",)),
+    CodeFamily("clamp_{k}", "x", "Limit x so that it is never above {k}.", "min(x, {k})", _ints, splits=("heldout",)),
+    CodeFamily("distance_from_zero", "x", "Compute how far x lies from zero.", "abs(x)", _ints, splits=("heldout",)),
+    CodeFamily("is_palindrome", "s", "Check whether the text s reads the same forwards and backwards.", "s == s[::-1]", _words, splits=("heldout",)),
+    CodeFamily("starts_with_{c}", "s", "Tell whether s begins with the letter '{c}'.", "s.startswith('{c}')", _words, splits=("heldout",)),
+    CodeFamily("word_count", "s", "Count the space-separated words in the sentence s.", "len(s.split())", _sentences, splits=("heldout",)),
+    CodeFamily("doubled", "xs", "Build a new list in which every element of xs is twice as big.", "[v * 2 for v in xs]", _lists, splits=("heldout",)),
+    CodeFamily("only_even", "xs", "Keep the even numbers of xs, in their order.", "[v for v in xs if v % 2 == 0]", _lists, splits=("heldout",)),
+    CodeFamily("ends_with_{c}", "s", "Tell whether the text s finishes with the letter '{c}'.", "s.endswith('{c}')", _words, splits=("heldout",)),
+    CodeFamily("shift_by_{k}", "xs", "Produce xs with {k} added to each of its numbers.", "[v + {k} for v in xs]", _lists, splits=("heldout",)),
+    CodeFamily("total_minus_{k}", "xs", "Add up xs and subtract {k} from the sum.", "sum(xs) - {k}", _lists, splits=("heldout",)),
 ]
-CODE_RANGES = {"train": (range(2, 10), "abcdefghijklm"), "test": (range(11, 20), "nopqrstuvwxyz")}
+CODE_RANGES = {"train": (range(2, 10), "abcdefghijklm"), "test": (range(11, 20), "nopqrstuvwxyz"), "heldout": (range(11, 20), "nopqrstuvwxyz")}
 
 
 def code_prompt(name: str, args: str, doc: str) -> str:
@@ -152,9 +199,11 @@ def code_prompt(name: str, args: str, doc: str) -> str:
 
 def code_tasks(split: str, size: int, seed: int = 0) -> list[dict]:
     """Function tasks: {"name", "prompt", "solution" (the body), "tests" (assert lines)}. `val` draws
-    from the test families and ranges with another seed and skips every function of the test set."""
-    ks, letters = CODE_RANGES["train" if split == "train" else "test"]
-    families = [f for f in CODE_FAMILIES if ("train" if split == "train" else "test") in f.splits]
+    from the test families and ranges with another seed and skips every function of the test set; `heldout` from the
+    held-out phrasing families, each function once."""
+    family_split = "test" if split == "val" else split
+    ks, letters = CODE_RANGES[family_split]
+    families = [f for f in CODE_FAMILIES if family_split in f.splits]
     taken = {d["name"] for d in code_tasks("test", TASK_SIZES["code"], seed)} if split == "val" else set()
     rng = random.Random(f"{seed}:code:{split}")
     docs, i = [], 0
@@ -165,7 +214,7 @@ def code_tasks(split: str, size: int, seed: int = 0) -> list[dict]:
         name, doc, body = (t.format(**fill) for t in (family.name, family.doc, family.body))
         reference = eval(f"lambda {family.args}: {body}")  # our own template, not model output
         tests = [f"assert {name}{args!r} == {reference(*args)!r}".replace(",)", ")") for args in family.inputs(rng)]
-        if name not in taken and name not in {d["name"] for d in docs if split == "val"}:
+        if name not in taken and name not in {d["name"] for d in docs if split in ("val", "heldout")}:
             docs.append({"name": name, "prompt": code_prompt(name, family.args, doc), "solution": f"    return {body}\n", "tests": tests})
     return docs
 
@@ -233,6 +282,7 @@ def list_sentences(split: str, size: int) -> list[dict]:
 
 TASK_SIZES = {"math": 100, "code": 64, "text": 60, "shout": 40}
 VAL_SIZES = {"math": 50, "code": 24, "shout": 20}  # validation splits: hyper-parameters are chosen there, never on test
+HELDOUT_SIZES = {"math": 64, "code": 40}  # the held-out phrasing families
 
 
 def task_data(seed: int = 0) -> dict[str, list[dict]]:
@@ -249,6 +299,9 @@ def task_data(seed: int = 0) -> dict[str, list[dict]]:
         "math_shout_val": math_shout_problems("val", VAL_SIZES["math"], seed),
         "shout_val": shout_sentences("val", VAL_SIZES["shout"]),
         "list_val": list_sentences("val", VAL_SIZES["shout"]),
+        "math_heldout": math_problems("heldout", HELDOUT_SIZES["math"], seed),
+        "code_heldout": code_tasks("heldout", HELDOUT_SIZES["code"], seed),
+        "realcode_val": [{k: f[k] for k in ("module", "name", "prompt", "body")} for f in real_code("val")],
     }
 
 

