@@ -159,7 +159,7 @@ def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
     # run: see input_state); a `.partial-` folder, so a killed run's copy is swept by the next run's lock
     with tempfile.TemporaryDirectory(prefix=".run.partial-lora-cache-", dir=out) if rank == 0 else contextlib.nullcontext() as cache:
         pool = ModelPool(recipe, paths, Path(cache) if cache else None)
-        validation_only = _validation_only(recipe, variants)
+        validation_only, groups = _validation_only(recipe, variants), families(variants)
 
         def run_row(row: Variant, tasks: list[str] | None) -> None:
             results[row.name], timings[row.name], described = _variant(row, recipe, paths, pool, force, echo, rank, results, tasks)
@@ -168,8 +168,8 @@ def _run(p: Plan, force: bool, echo, rank: int = 0) -> dict | None:
 
         for v in tqdm(variants, desc=f"recipe {recipe.name}", unit="variant", disable=rank != 0):
             run_row(v, validation_only.get(v.name))
-            if v.name in validation_only and families(variants)[v.family][-1].name == v.name:
-                run_row(_chosen_row(v, variants, recipe, results, rank), None)  # the value the family chose: every task
+            if v.name in validation_only and groups[v.family][-1].name == v.name:
+                run_row(_chosen_row(groups[v.family], recipe, results, rank), None)  # the value the family chose: every task
     if rank != 0:
         return None
     packages = {p: version(p) for p in ("logitcomp", "torch", "transformers", "peft", "mergekit", "lm_eval")}
@@ -188,10 +188,9 @@ def _validation_only(recipe: Recipe, variants: list[Variant]) -> dict[str, list[
             for r in rows if r.select_on or recipe.evaluate.select_on}
 
 
-def _chosen_row(last: Variant, variants: list[Variant], recipe: Recipe, results: dict, rank: int) -> Variant:
-    """The row its family chose on validation (rank 0 decides from the scores, every rank runs it)."""
-    rows = families(variants)[last.family]
-    name = select(results, rows, recipe.evaluate.select_on)[last.family]["variant"] if rank == 0 else None
+def _chosen_row(rows: list[Variant], recipe: Recipe, results: dict, rank: int) -> Variant:
+    """The row a family (`rows`) chose on validation (rank 0 decides from the scores, every rank runs it)."""
+    name = select(results, rows, recipe.evaluate.select_on)[rows[0].family]["variant"] if rank == 0 else None
     name = broadcast(name)
     return next(r for r in rows if r.name == name)
 
